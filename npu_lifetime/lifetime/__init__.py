@@ -1,0 +1,25 @@
+"""The lifetime model (pure Python, no torch): happens-before and coverage."""
+from .findings import (
+    Access,
+    DataRace,
+    Finding,
+    InvalidFree,
+    UncoveredFree,
+    UnrecordedEventWait,
+    UseAfterFree,
+    finding_to_json,
+)
+from .model import LifetimeModel, ModelInputError
+
+__all__ = [
+    "Access",
+    "DataRace",
+    "Finding",
+    "InvalidFree",
+    "LifetimeModel",
+    "ModelInputError",
+    "UncoveredFree",
+    "UnrecordedEventWait",
+    "UseAfterFree",
+    "finding_to_json",
+]

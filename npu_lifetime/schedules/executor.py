@@ -1,0 +1,212 @@
+"""A simulated device that runs a schedule in one of the orders its
+dependencies allow, over a memory of tagged cells.
+
+Each stream is a FIFO queue; a wait blocks its queue until the awaited event
+record has run; host synchronisations block the host (which issues steps in
+order) until what they wait for has run.  A ``policy`` picks which ready
+stream runs next, so a test can try random orders or an adversarial one.
+
+At every free the executor does what a caching allocator may do: it hands
+the block to a new owner as soon as the allocation stream has reached the
+free and the events the allocator holds for the block have fired
+(record_use events, and record_stream events recorded at the free).  That
+reuse is a *reuse write* of poison into the block's cells, run on a lane of
+its own so that it orders nothing else.  An access of a storage that runs
+after its reuse write is a corruption: it reads the new owner's data or
+clobbers it.  An access that finds another storage's tag in its cells has
+observed foreign data.
+
+With ``allocator_waits`` an allocation at a reused address also waits for the
+previous owner's reuse write, as an allocator that makes the allocating
+stream wait on the held events does.  That wait orders the new owner's
+stream after streams the program never synchronised with, so the check that
+an uncovered free can corrupt runs without it: a sanitizer must not credit
+a program with ordering the allocator happened to add for another block.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .schedule import (
+    Alloc, EraseStream, Free, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
+    Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+)
+
+Policy = Callable[[list], int]  # ready queues (sorted) -> the one to run
+# Queues 0 .. streams-1 are the streams; higher ones are reuse lanes.
+
+
+def delay_stream(victim: int) -> Policy:
+    """Adversarial: run stream ``victim`` only when nothing else can run."""
+
+    def pick(ready: list) -> int:
+        others = [s for s in ready if s != victim]
+        return others[0] if others else victim
+
+    return pick
+
+
+def random_order(seed: int) -> Policy:
+    rng = random.Random(seed)
+    return lambda ready: rng.choice(ready)
+
+
+@dataclass
+class _Op:
+    kind: str  # alloc | access | record | wait | reuse
+    step: int = -1
+    storage: int = -1
+    address: int = 0
+    is_write: bool = False
+    token: Optional[int] = None
+
+
+@dataclass
+class _Block:
+    storage: int
+    stream: int
+    address: int
+    recorded: dict = field(default_factory=dict)
+    use_tokens: list = field(default_factory=list)
+    freed: bool = False
+
+
+@dataclass
+class Execution:
+    """What one run observed.  ``corrupted`` maps each storage accessed after
+    its reuse write to the steps of those accesses; ``foreign`` lists
+    ``(step, tag found)`` for accesses that found another owner's tag."""
+
+    corrupted: dict = field(default_factory=dict)
+    foreign: list = field(default_factory=list)
+
+
+class _Device:
+    def __init__(self, schedule: Schedule, policy: Policy) -> None:
+        self.queues = [deque() for _ in range(schedule.streams)]
+        self.policy = policy
+        self.reuse_token: dict = {}  # address -> token of its last reuse write
+        self.done_tokens: set = set()
+        self.next_token = 0
+        self.event_token: dict = {}
+        self.memory: dict = {}
+        self.reused: set = set()
+        self.result = Execution()
+
+    def token(self) -> int:
+        self.next_token += 1
+        return self.next_token
+
+    def record(self, stream: int) -> int:
+        t = self.token()
+        self.queues[stream].append(_Op("record", token=t))
+        return t
+
+    def wait(self, stream: int, token: Optional[int]) -> None:
+        self.queues[stream].append(_Op("wait", token=token))
+
+    def ready(self, stream: int) -> bool:
+        q = self.queues[stream]
+        return bool(q) and (q[0].kind != "wait" or q[0].token is None or q[0].token in self.done_tokens)
+
+    def run_one(self) -> None:
+        ready = [s for s in range(len(self.queues)) if self.ready(s)]
+        if not ready:
+            raise RuntimeError("simulated device deadlocked")  # issue order forbids it
+        self.execute(self.queues[self.policy(ready)].popleft())
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.run_one()
+
+    def execute(self, op: _Op) -> None:
+        if op.kind == "record":
+            self.done_tokens.add(op.token)
+        elif op.kind == "alloc":
+            self.memory[op.address] = op.storage
+        elif op.kind == "reuse":
+            self.memory[op.address] = ("reused", op.storage)
+            self.reused.add(op.storage)
+            self.done_tokens.add(op.token)
+        elif op.kind == "access":
+            self.access(op)
+
+    def access(self, op: _Op) -> None:
+        if op.storage in self.reused:
+            self.result.corrupted.setdefault(op.storage, []).append(op.step)
+        found = self.memory.get(op.address)
+        if found != op.storage:
+            self.result.foreign.append((op.step, found))
+        if op.is_write:
+            self.memory[op.address] = op.storage
+
+
+class _Host:
+    """Issues the schedule's steps to the device in order."""
+
+    def __init__(self, schedule: Schedule, device: _Device, allocator_waits: bool) -> None:
+        self.d = device
+        self.blocks: dict = {}
+        self.allocator_waits = allocator_waits
+
+    def step(self, i: int, s) -> None:
+        d = self.d
+        match s:
+            case Alloc():
+                self.blocks[s.tensor] = _Block(i, s.stream, s.address)
+                if self.allocator_waits and s.address in d.reuse_token:
+                    d.wait(s.stream, d.reuse_token[s.address])
+                d.queues[s.stream].append(_Op("alloc", i, i, s.address))
+            case View():
+                self.blocks[s.tensor] = self.blocks[s.base]
+            case Read() | Write():
+                b = self.blocks[s.tensor]
+                if not b.freed:
+                    d.queues[s.stream].append(_Op("access", i, b.storage, b.address, isinstance(s, Write)))
+            case RecordStream() | EraseStream():
+                self.blocks[s.tensor].recorded[s.stream] = isinstance(s, RecordStream)
+            case RecordUse():
+                b = self.blocks[s.tensor]
+                if not b.freed:
+                    b.use_tokens.append(d.record(s.stream))
+            case Free():
+                self.free(self.blocks[s.tensor])
+            case RecordEvent():
+                d.event_token[s.event] = d.record(s.stream)
+            case WaitEvent():
+                d.wait(s.stream, d.event_token.get(s.event))
+            case WaitStream():
+                d.wait(s.waiter, d.record(s.waitee))
+            case SyncEvent() | QueryEvent():
+                token = d.event_token.get(s.event)
+                d.run_until(lambda: token is None or token in d.done_tokens)
+            case SyncStream():
+                d.run_until(lambda: not d.queues[s.stream])
+            case SyncDevice():
+                d.run_until(lambda: not any(d.queues))
+
+    def free(self, b: _Block) -> None:
+        if b.freed:
+            return
+        b.freed = True
+        d = self.d
+        held = [d.record(b.stream), *b.use_tokens]
+        held += [d.record(r) for r, on in b.recorded.items() if on and r != b.stream]
+        reuse = _Op("reuse", storage=b.storage, address=b.address, token=d.token())
+        d.queues.append(deque([*(_Op("wait", token=t) for t in held), reuse]))
+        d.reuse_token[b.address] = reuse.token
+
+
+def execute(schedule: Schedule, policy: Policy, allocator_waits: bool = True) -> Execution:
+    """Runs ``schedule`` to completion on a simulated device, choosing the
+    next queue to run with ``policy`` whenever the host has to wait and at
+    the end."""
+    device = _Device(schedule, policy)
+    host = _Host(schedule, device, allocator_waits)
+    for i, step in enumerate(schedule.steps):
+        host.step(i, step)
+    device.run_until(lambda: not any(device.queues))
+    return device.result
