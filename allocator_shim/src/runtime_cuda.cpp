@@ -1,0 +1,114 @@
+// The CUDA runtime (libcudart), resolved at run time.  The copy the process
+// already loaded (torch's) is preferred so streams and events are shared.
+#include <cstdlib>
+#include <mutex>
+
+#include "loader.h"
+#include "runtime.h"
+
+namespace npl {
+
+namespace {
+
+using cudaError = int;
+constexpr cudaError kSuccess = 0;
+constexpr cudaError kMemoryAllocation = 2;
+constexpr cudaError kNotReady = 600;
+constexpr unsigned kEventDisableTiming = 0x02;
+constexpr int kCaptureStatusNone = 0;
+
+struct Api {
+    cudaError (*Malloc)(void**, size_t);
+    cudaError (*Free)(void*);
+    cudaError (*EventCreateWithFlags)(void**, unsigned);
+    cudaError (*EventDestroy)(void*);
+    cudaError (*EventRecord)(void*, void*);
+    cudaError (*EventQuery)(void*);
+    cudaError (*StreamWaitEvent)(void*, void*, unsigned);
+    cudaError (*StreamIsCapturing)(void*, int*);
+    cudaError (*GetDevice)(int*);
+    cudaError (*SetDevice)(int);
+    cudaError (*GetLastError)();
+} api;
+
+Status status_of(cudaError err, int* code) {
+    *code = err;
+    if (err == kSuccess) return Status::ok;
+    if (err == kNotReady) return Status::not_ready;
+    if (err == kMemoryAllocation) {
+        api.GetLastError();  // clear it, so the framework's next check does not see it
+        return Status::out_of_memory;
+    }
+    return Status::error;
+}
+
+// Runs `call` with `device` current, restoring the previous device.
+template <typename Call>
+Status on_device(int device, int* code, Call call) {
+    int previous = -1;
+    cudaError err = api.GetDevice(&previous);
+    if (err != kSuccess) return status_of(err, code);
+    if (previous != device && (err = api.SetDevice(device)) != kSuccess) return status_of(err, code);
+    Status s = status_of(call(), code);
+    if (previous != device) {
+        cudaError back = api.SetDevice(previous);
+        if (back != kSuccess && s == Status::ok) return status_of(back, code);
+    }
+    return s;
+}
+
+Status cu_malloc(void** ptr, size_t size, int device, int* code) {
+    return on_device(device, code, [&] { return api.Malloc(ptr, size); });
+}
+Status cu_free(void* ptr, int, int* code) { return status_of(api.Free(ptr), code); }
+Status cu_event_create(Event* event, int device, int* code) {
+    return on_device(device, code, [&] { return api.EventCreateWithFlags(event, kEventDisableTiming); });
+}
+Status cu_event_destroy(Event event, int, int* code) { return status_of(api.EventDestroy(event), code); }
+Status cu_event_record(Event event, Stream stream, int* code) {
+    return status_of(api.EventRecord(event, stream), code);
+}
+Status cu_event_query(Event event, int* code) { return status_of(api.EventQuery(event), code); }
+Status cu_stream_wait(Stream stream, Event event, int* code) {
+    return status_of(api.StreamWaitEvent(stream, event, 0), code);
+}
+Status cu_capturing(Stream stream, bool* capturing, int* code) {
+    int status = kCaptureStatusNone;
+    Status s = status_of(api.StreamIsCapturing(stream, &status), code);
+    *capturing = s == Status::ok && status != kCaptureStatusNone;
+    return s;
+}
+
+const Runtime kCuda = {"cuda", cu_malloc, cu_free, cu_event_create, cu_event_destroy,
+                       cu_event_record, cu_event_query, cu_stream_wait, cu_capturing};
+
+bool load(std::string* why) {
+    const char* env = std::getenv("NPU_LIFETIME_CUDART");
+    void* h = open_runtime_library(env ? env : "", "libcudart",
+                                   {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}, why);
+    if (h == nullptr) return false;
+    bool ok = resolve(h, "cudaMalloc", &api.Malloc, why);
+    ok &= resolve(h, "cudaFree", &api.Free, why);
+    ok &= resolve(h, "cudaEventCreateWithFlags", &api.EventCreateWithFlags, why);
+    ok &= resolve(h, "cudaEventDestroy", &api.EventDestroy, why);
+    ok &= resolve(h, "cudaEventRecord", &api.EventRecord, why);
+    ok &= resolve(h, "cudaEventQuery", &api.EventQuery, why);
+    ok &= resolve(h, "cudaStreamWaitEvent", &api.StreamWaitEvent, why);
+    ok &= resolve(h, "cudaStreamIsCapturing", &api.StreamIsCapturing, why);
+    ok &= resolve(h, "cudaGetDevice", &api.GetDevice, why);
+    ok &= resolve(h, "cudaSetDevice", &api.SetDevice, why);
+    ok &= resolve(h, "cudaGetLastError", &api.GetLastError, why);
+    return ok;
+}
+
+}  // namespace
+
+const Runtime* cuda_runtime(std::string* why) {
+    static std::mutex mu;
+    static bool loaded = false;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!loaded) loaded = load(why);
+    return loaded ? &kCuda : nullptr;
+}
+
+}  // namespace npl

@@ -1,0 +1,180 @@
+// A simulated device runtime on host memory.  Streams are any non-null
+// handle; work never runs by itself: an event completes when the test says
+// the stream it was recorded on has progressed past it (sim::complete).
+#include "runtime_sim.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace npl {
+
+namespace {
+
+constexpr int kOk = 0, kInvalid = 1, kOutOfMemory = 2;
+constexpr size_t kAlignment = 512;
+
+struct SimStream {
+    uint64_t queued = 0;     // operations queued so far
+    uint64_t completed = 0;  // operations finished so far
+    uint64_t waits = 0;
+    bool capturing = false;
+};
+
+struct SimEvent {
+    Stream stream = nullptr;  // null: never recorded (complete, as in CUDA)
+    uint64_t position = 0;
+};
+
+struct State {
+    std::mutex mu;
+    std::unordered_map<Stream, SimStream> streams;
+    std::unordered_set<SimEvent*> events;
+    std::unordered_map<void*, size_t> memory;
+    uint64_t in_use = 0, limit = 0;
+};
+
+State& state() {
+    static State* s = new State();  // never destroyed: safe during exit
+    return *s;
+}
+
+Status result(int code, int* out) {
+    *out = code;
+    if (code == kOk) return Status::ok;
+    return code == kOutOfMemory ? Status::out_of_memory : Status::error;
+}
+
+Status sim_malloc(void** ptr, size_t size, int, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.limit != 0 && s.in_use + size > s.limit) return result(kOutOfMemory, code);
+    size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+    *ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    if (*ptr == nullptr) return result(kOutOfMemory, code);
+    s.memory[*ptr] = size;
+    s.in_use += size;
+    return result(kOk, code);
+}
+
+Status sim_free(void* ptr, int, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.memory.find(ptr);
+    if (it == s.memory.end()) return result(kInvalid, code);
+    s.in_use -= it->second;
+    s.memory.erase(it);
+    std::free(ptr);
+    return result(kOk, code);
+}
+
+Status sim_event_create(Event* event, int, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto* e = new SimEvent();
+    s.events.insert(e);
+    *event = e;
+    return result(kOk, code);
+}
+
+Status sim_event_destroy(Event event, int, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto* e = static_cast<SimEvent*>(event);
+    if (s.events.erase(e) == 0) return result(kInvalid, code);
+    delete e;
+    return result(kOk, code);
+}
+
+Status sim_event_record(Event event, Stream stream, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto* e = static_cast<SimEvent*>(event);
+    if (stream == nullptr || s.events.count(e) == 0) return result(kInvalid, code);
+    SimStream& st = s.streams[stream];
+    e->stream = stream;
+    e->position = ++st.queued;
+    return result(kOk, code);
+}
+
+Status sim_event_query(Event event, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto* e = static_cast<SimEvent*>(event);
+    if (s.events.count(e) == 0) return result(kInvalid, code);
+    *code = kOk;
+    if (e->stream == nullptr) return Status::ok;
+    return s.streams[e->stream].completed >= e->position ? Status::ok : Status::not_ready;
+}
+
+Status sim_stream_wait(Stream stream, Event event, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (stream == nullptr || s.events.count(static_cast<SimEvent*>(event)) == 0) return result(kInvalid, code);
+    s.streams[stream].waits++;
+    return result(kOk, code);
+}
+
+Status sim_capturing(Stream stream, bool* capturing, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.streams.find(stream);
+    *capturing = it != s.streams.end() && it->second.capturing;
+    return result(kOk, code);
+}
+
+const Runtime kSim = {"sim", sim_malloc, sim_free, sim_event_create, sim_event_destroy,
+                      sim_event_record, sim_event_query, sim_stream_wait, sim_capturing};
+
+}  // namespace
+
+const Runtime* sim_runtime() { return &kSim; }
+
+namespace sim {
+
+void complete(Stream stream) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    SimStream& st = s.streams[stream];
+    st.completed = st.queued;
+}
+
+void complete_all() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto& entry : s.streams) entry.second.completed = entry.second.queued;
+}
+
+void set_capturing(Stream stream, bool capturing) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.streams[stream].capturing = capturing;
+}
+
+void set_memory_limit(uint64_t bytes) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.limit = bytes;
+}
+
+uint64_t stream_waits(Stream stream) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.streams.find(stream);
+    return it == s.streams.end() ? 0 : it->second.waits;
+}
+
+uint64_t incomplete_events() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    uint64_t n = 0;
+    for (SimEvent* e : s.events) {
+        if (e->stream != nullptr && s.streams[e->stream].completed < e->position) n++;
+    }
+    return n;
+}
+
+}  // namespace sim
+
+}  // namespace npl

@@ -1,0 +1,17 @@
+// Controls of the simulated runtime, for tests and the CPU demo.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime.h"
+
+namespace npl::sim {
+
+void complete(Stream stream);  // everything queued on `stream` so far finishes
+void complete_all();
+void set_capturing(Stream stream, bool capturing);
+void set_memory_limit(uint64_t bytes);  // 0: unlimited
+uint64_t stream_waits(Stream stream);
+uint64_t incomplete_events();
+
+}  // namespace npl::sim

@@ -1,0 +1,1 @@
+"""The built native allocator shim (libnpl*.so) lands here."""

@@ -1,0 +1,31 @@
+"""Builds the native allocator shim (allocator_shim/) with the system C++
+compiler as part of the package install.  It is a plain shared library,
+loaded with ctypes and by the frameworks' pluggable-allocator APIs; it needs
+no torch, CUDA or CANN headers."""
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SHIM = Path("allocator_shim")
+SOURCES = sorted(str(p) for p in (SHIM / "src").glob("*.cpp"))
+FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]
+
+
+class BuildShim(build_ext):
+    def build_extension(self, ext):
+        out = Path(self.get_ext_fullpath(ext.name))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cxx = shlex.split(os.environ.get("CXX", "c++"))
+        cmd = [*cxx, *FLAGS, f"-I{SHIM / 'include'}", *ext.sources, "-o", str(out), "-ldl", "-lpthread"]
+        print(" ".join(cmd))
+        subprocess.check_call(cmd)
+
+
+setup(
+    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES)],
+    cmdclass={"build_ext": BuildShim},
+)
