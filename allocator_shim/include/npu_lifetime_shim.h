@@ -74,7 +74,8 @@ int npl_select_runtime(const char* name, const char* library_path);
 const char* npl_runtime_name(void);
 const char* npl_last_error(void);
 
-/* Drop every block, segment, event, statistic and finding (tests only). */
+/* Drop every block, segment, event, statistic and finding, and the simulated
+ * streams' state (tests only). */
 void npl_reset(void);
 
 /* Hooks for the sanitizer, called outside the allocator's lock: after an

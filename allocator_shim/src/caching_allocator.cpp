@@ -482,22 +482,27 @@ void CachingAllocator::process_events() {
     if (rt_ != nullptr) process_events_locked();
 }
 
+// Releases the held events of `b` that have fired; true when none is left.
+bool CachingAllocator::drop_fired_events(Block* b) {
+    auto keep = b->held.begin();
+    for (Event e : b->held) {
+        int code = 0;
+        Status s = rt_->event_query(e, &code);
+        if (s == Status::ok) {
+            release_event(e, b->device);
+            continue;
+        }
+        if (s != Status::not_ready) runtime_error("event_query", code, b, nullptr);
+        *keep++ = e;
+    }
+    b->held.erase(keep, b->held.end());
+    return b->held.empty();
+}
+
 void CachingAllocator::process_events_locked() {
     auto still_pending = pending_.begin();
     for (Block* b : pending_) {
-        auto keep = b->held.begin();
-        for (Event e : b->held) {
-            int code = 0;
-            Status s = rt_->event_query(e, &code);
-            if (s == Status::ok) {
-                release_event(e, b->device);
-                continue;
-            }
-            if (s != Status::not_ready) runtime_error("event_query", code, b, nullptr);
-            *keep++ = e;
-        }
-        b->held.erase(keep, b->held.end());
-        if (!b->held.empty()) {
+        if (!drop_fired_events(b)) {
             *still_pending++ = b;
             continue;
         }
@@ -514,6 +519,12 @@ void CachingAllocator::empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
     if (rt_ == nullptr) return;
     process_events_locked();
+    // Under stream_wait, cached blocks may still hold events that have fired.
+    for (auto& entry : segments_) {
+        for (Block* b = entry.second->first; b != nullptr; b = b->next) {
+            if (b->state == BlockState::cached && !b->held.empty()) drop_fired_events(b);
+        }
+    }
     release_free_segments();
 }
 

@@ -121,6 +121,7 @@ class CachingAllocator {
     Event acquire_event(int device);
     void release_event(Event e, int device);
     bool record(Event e, Stream stream, Block* b, const char* op);
+    bool drop_fired_events(Block* b);
     void process_events_locked();
     void release_free_segments();
     void destroy_event(Event e, int device);

@@ -199,6 +199,7 @@ NPL_EXPORT void npl_reset(void) {
     guarded("reset", 0, [] {
         shim().allocator.reset();
         shim().findings.clear();
+        npl::sim::reset_streams();
         return 0;
     });
 }

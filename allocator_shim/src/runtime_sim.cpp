@@ -175,6 +175,12 @@ uint64_t incomplete_events() {
     return n;
 }
 
+void reset_streams() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.streams.clear();
+}
+
 }  // namespace sim
 
 }  // namespace npl

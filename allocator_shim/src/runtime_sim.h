@@ -13,5 +13,6 @@ void set_capturing(Stream stream, bool capturing);
 void set_memory_limit(uint64_t bytes);  // 0: unlimited
 uint64_t stream_waits(Stream stream);
 uint64_t incomplete_events();
+void reset_streams();  // forget every stream's progress, waits and capture state
 
 }  // namespace npl::sim

@@ -1,0 +1,217 @@
+/*
+ * A stand-in for libascendcl.so, for testing the shim's ACL runtime table
+ * without an NPU (as torch_npu's own tests use a stub ACL library).  It
+ * exports the AscendCL symbols the shim resolves, with their published
+ * signatures and status codes, over host memory and simulated streams:
+ * an event completes when the test calls fake_acl_complete(stream).
+ * Arguments are checked the way the real runtime documents them, so a
+ * wrong signature or status code in the shim fails a test.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int aclError;
+typedef void* aclrtStream;
+typedef void* aclrtEvent;
+typedef void* aclmdlRI;
+
+#define ACL_SUCCESS 0
+#define ACL_ERROR_INVALID_PARAM 100000
+#define ACL_ERROR_RT_PARAM_INVALID 107000
+#define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
+#define ACL_MEM_MALLOC_NORMAL_ONLY_P2P 5
+#define ACL_EVENT_RECORDED_STATUS_NOT_READY 0
+#define ACL_EVENT_RECORDED_STATUS_COMPLETE 1
+#define ACL_MODEL_RI_CAPTURE_STATUS_NONE 0
+#define ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE 1
+
+#define MAX_STREAMS 64
+#define MAX_EVENTS 4096
+
+#define EXPORT __attribute__((visibility("default")))
+
+struct stream_state { aclrtStream handle; uint64_t queued, completed, waits; int capturing; };
+struct event_state { int live; aclrtStream stream; uint64_t position; int recorded; };
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct stream_state streams[MAX_STREAMS];
+static struct event_state events[MAX_EVENTS];
+static int32_t current_device = 0;
+static uint64_t in_use = 0, limit = 0;
+static uint64_t n_malloc = 0, n_free = 0, n_record = 0, n_query = 0, n_wait = 0, n_capture_info = 0;
+static int last_policy = -1;
+
+/* ACL's NULL stream is the default stream: slot 0. */
+static struct stream_state* stream_of(aclrtStream s) {
+    if (s == NULL) return &streams[0];
+    for (int i = 1; i < MAX_STREAMS; i++) {
+        if (streams[i].handle == s) return &streams[i];
+    }
+    for (int i = 1; i < MAX_STREAMS; i++) {
+        if (streams[i].handle == NULL) {
+            streams[i].handle = s;
+            return &streams[i];
+        }
+    }
+    return NULL;
+}
+
+static struct event_state* event_of(aclrtEvent e) {
+    uintptr_t i = (uintptr_t)e;
+    if (i == 0 || i > MAX_EVENTS || !events[i - 1].live) return NULL;
+    return &events[i - 1];
+}
+
+EXPORT aclError aclrtMalloc(void** devPtr, size_t size, int policy) {
+    if (devPtr == NULL || size == 0 || policy < 0 || policy > ACL_MEM_MALLOC_NORMAL_ONLY_P2P) return ACL_ERROR_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    aclError rc = ACL_SUCCESS;
+    n_malloc++;
+    last_policy = policy;
+    if (limit && in_use + size > limit) {
+        rc = ACL_ERROR_RT_MEMORY_ALLOCATION;
+    } else {
+        size_t *p = malloc(size + 64);
+        if (p == NULL) {
+            rc = ACL_ERROR_RT_MEMORY_ALLOCATION;
+        } else {
+            p[0] = size;
+            *devPtr = (char*)p + 64;
+            in_use += size;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT aclError aclrtFree(void* devPtr) {
+    if (devPtr == NULL) return ACL_ERROR_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    size_t* p = (size_t*)((char*)devPtr - 64);
+    in_use -= p[0];
+    n_free++;
+    free(p);
+    pthread_mutex_unlock(&mu);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtCreateEvent(aclrtEvent* event) {
+    if (event == NULL) return ACL_ERROR_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    aclError rc = ACL_ERROR_RT_PARAM_INVALID;
+    for (int i = 0; i < MAX_EVENTS; i++) {
+        if (!events[i].live) {
+            memset(&events[i], 0, sizeof events[i]);
+            events[i].live = 1;
+            *event = (aclrtEvent)(uintptr_t)(i + 1);
+            rc = ACL_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT aclError aclrtDestroyEvent(aclrtEvent event) {
+    pthread_mutex_lock(&mu);
+    struct event_state* e = event_of(event);
+    if (e) e->live = 0;
+    pthread_mutex_unlock(&mu);
+    return e ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+    pthread_mutex_lock(&mu);
+    struct event_state* e = event_of(event);
+    struct stream_state* s = stream_of(stream);
+    if (e && s) {
+        e->stream = stream;
+        e->position = ++s->queued;
+        e->recorded = 1;
+        n_record++;
+    }
+    pthread_mutex_unlock(&mu);
+    return e && s ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+EXPORT aclError aclrtQueryEventStatus(aclrtEvent event, int* status) {
+    if (status == NULL) return ACL_ERROR_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    struct event_state* e = event_of(event);
+    n_query++;
+    if (e) {
+        /* As documented: an event never recorded is NOT_READY (unlike CUDA). */
+        struct stream_state* s = e->recorded ? stream_of(e->stream) : NULL;
+        *status = s && s->completed >= e->position ? ACL_EVENT_RECORDED_STATUS_COMPLETE
+                                                    : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    }
+    pthread_mutex_unlock(&mu);
+    return e ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+    pthread_mutex_lock(&mu);
+    struct event_state* e = event_of(event);
+    struct stream_state* s = stream_of(stream);
+    if (e && s) {
+        s->waits++;
+        n_wait++;
+    }
+    pthread_mutex_unlock(&mu);
+    return e && s ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+EXPORT aclError aclrtGetDevice(int32_t* deviceId) {
+    if (deviceId == NULL) return ACL_ERROR_INVALID_PARAM;
+    *deviceId = current_device;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtSetDevice(int32_t deviceId) {
+    if (deviceId < 0 || deviceId > 7) return ACL_ERROR_INVALID_PARAM;
+    current_device = deviceId;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclmdlRICaptureGetInfo(aclrtStream stream, int* status, aclmdlRI* modelRI) {
+    if (status == NULL || modelRI == NULL) return ACL_ERROR_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    struct stream_state* s = stream_of(stream);
+    n_capture_info++;
+    *status = s && s->capturing ? ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE : ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+    *modelRI = NULL;
+    pthread_mutex_unlock(&mu);
+    return s ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+/* ---- test controls ---- */
+EXPORT void fake_acl_complete(aclrtStream stream) {
+    pthread_mutex_lock(&mu);
+    struct stream_state* s = stream_of(stream);
+    if (s) s->completed = s->queued;
+    pthread_mutex_unlock(&mu);
+}
+
+EXPORT void fake_acl_set_capturing(aclrtStream stream, int capturing) {
+    pthread_mutex_lock(&mu);
+    struct stream_state* s = stream_of(stream);
+    if (s) s->capturing = capturing;
+    pthread_mutex_unlock(&mu);
+}
+
+EXPORT void fake_acl_set_memory_limit(uint64_t bytes) { limit = bytes; }
+EXPORT int32_t fake_acl_current_device(void) { return current_device; }
+EXPORT int fake_acl_last_policy(void) { return last_policy; }
+EXPORT uint64_t fake_acl_in_use(void) { return in_use; }
+
+EXPORT uint64_t fake_acl_calls(const char* name) {
+    if (!strcmp(name, "aclrtMalloc")) return n_malloc;
+    if (!strcmp(name, "aclrtFree")) return n_free;
+    if (!strcmp(name, "aclrtRecordEvent")) return n_record;
+    if (!strcmp(name, "aclrtQueryEventStatus")) return n_query;
+    if (!strcmp(name, "aclrtStreamWaitEvent")) return n_wait;
+    if (!strcmp(name, "aclmdlRICaptureGetInfo")) return n_capture_info;
+    return UINT64_MAX;
+}

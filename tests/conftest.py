@@ -1,0 +1,55 @@
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+from npu_lifetime import shim
+
+S1, S2, S3 = 0x1000, 0x2000, 0x3000  # simulated stream handles
+
+
+@pytest.fixture
+def sim_shim():
+    """The shim on the simulated runtime, empty, poll policy."""
+    shim.reset()
+    shim.select_runtime("sim")
+    shim.set_policy("poll")
+    shim.sim.set_memory_limit(0)
+    yield shim
+    shim.reset()
+    shim.sim.set_memory_limit(0)
+    shim.set_policy("poll")
+
+
+@pytest.fixture(scope="session")
+def fake_acl_library(tmp_path_factory):
+    """allocator_shim/tests/fake_ascendcl.c built with the system C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake ACL library")
+    out = tmp_path_factory.mktemp("acl") / "libfake_ascendcl.so"
+    subprocess.run(
+        [cc, "-std=c11", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+         "allocator_shim/tests/fake_ascendcl.c", "-o", str(out), "-lpthread"],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(out))
+    lib.fake_acl_calls.restype = ctypes.c_uint64
+    lib.fake_acl_calls.argtypes = [ctypes.c_char_p]
+    lib.fake_acl_complete.argtypes = [ctypes.c_void_p]
+    lib.fake_acl_set_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.fake_acl_set_memory_limit.argtypes = [ctypes.c_uint64]
+    lib.fake_acl_in_use.restype = ctypes.c_uint64
+    return out, lib
+
+
+@pytest.fixture
+def acl_shim(fake_acl_library):
+    path, lib = fake_acl_library
+    shim.reset()
+    shim.select_runtime("acl", str(path))
+    shim.set_policy("poll")
+    yield lib
+    shim.reset()
+    shim.select_runtime("sim")

@@ -1,0 +1,102 @@
+"""Every free is validated; problems are structured findings, never a crash."""
+import pytest
+
+from conftest import S1, S2
+
+
+def kinds(shim):
+    return [f["kind"] for f in shim.findings()]
+
+
+def test_unknown_pointer(sim_shim):
+    sim_shim.free(0xDEAD0, 64, 0, S1)
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["op"], f["address"], f["size"]) == ("unknown_pointer", "free", 0xDEAD0, 64)
+
+
+def test_double_free(sim_shim):
+    p = sim_shim.alloc(64, 0, S1)
+    sim_shim.free(p, 64, 0, S1)
+    sim_shim.free(p, 64, 0, S1)
+    assert kinds(sim_shim) == ["double_free"]
+    assert sim_shim.stats().frees == 1
+
+
+def test_size_mismatch_is_reported_and_the_block_still_freed(sim_shim):
+    p = sim_shim.alloc(64, 0, S1)
+    sim_shim.free(p, 65, 0, S1)
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["size"], f["expected_size"]) == ("size_mismatch", 65, 64)
+    assert sim_shim.stats().live_blocks == 0
+
+
+def test_unrecorded_use_noted_by_the_sanitizer(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.note_use(p, S2)
+    sim_shim.free(p, 4096, 0, S1)
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["stream"], f["alloc_stream"]) == ("unrecorded_use", S2, S1)
+    assert sim_shim.stats().pending_blocks == 1  # and the block stays safe
+    sim_shim.sim.complete(S2)
+    sim_shim.process_events()
+    assert sim_shim.stats().pending_blocks == 0
+
+
+def test_noted_use_that_already_finished_is_no_finding(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.note_use(p, S2)
+    sim_shim.sim.complete(S2)
+    sim_shim.free(p, 4096, 0, S1)
+    assert kinds(sim_shim) == [] and sim_shim.stats().pending_blocks == 0
+
+
+@pytest.mark.parametrize("cover", ["record_use", "record_stream"])
+def test_noted_use_covered_by_a_later_call_is_no_finding(sim_shim, cover):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.note_use(p, S2)
+    getattr(sim_shim, cover)(p, S2)
+    sim_shim.free(p, 4096, 0, S1)
+    assert kinds(sim_shim) == [] and sim_shim.stats().pending_blocks == 1
+
+
+def test_record_use_before_a_noted_use_does_not_cover_it(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_use(p, S2)
+    sim_shim.note_use(p, S2)
+    sim_shim.free(p, 4096, 0, S1)
+    assert kinds(sim_shim) == ["unrecorded_use"]
+
+
+@pytest.mark.parametrize("call", ["record_use", "record_stream", "erase_stream", "note_use"])
+def test_lifetime_calls_on_freed_or_unknown_pointers(sim_shim, call):
+    p = sim_shim.alloc(64, 0, S1)
+    sim_shim.free(p, 64, 0, S1)
+    assert not getattr(sim_shim, call)(p, S2)
+    assert not getattr(sim_shim, call)(0xBAD00, S2)
+    assert kinds(sim_shim) == ["use_after_free", "unknown_pointer"]
+
+
+def test_negative_size_and_null_pointers_do_not_crash(sim_shim):
+    assert sim_shim.alloc(-1, 0, S1) == 0
+    sim_shim.free(0, 10, 0, S1)
+    assert not sim_shim.record_use(0, S2)
+    assert kinds(sim_shim) == ["invalid_size", "unknown_pointer"]
+
+
+def test_findings_count_in_stats(sim_shim):
+    sim_shim.free(0x10, 1, 0, S1)
+    sim_shim.free(0x20, 1, 0, S1)
+    assert sim_shim.stats().findings == 2
+
+
+def test_runtime_selection_errors(sim_shim):
+    from npu_lifetime.shim import ShimError
+
+    with pytest.raises(ShimError, match="unknown runtime 'tpu'"):
+        sim_shim.select_runtime("tpu")
+    p = sim_shim.alloc(64, 0, S1)
+    with pytest.raises(ShimError, match="while the allocator holds memory"):
+        sim_shim.select_runtime("acl", "/nonexistent/libascendcl.so")
+    sim_shim.free(p, 64, 0, S1)
+    with pytest.raises(ValueError, match="unknown policy"):
+        sim_shim.set_policy("eventually")
