@@ -84,3 +84,14 @@ def test_unrecorded_use_on_acl(acl_shim):
     shim.note_use(p, OTHER)
     shim.free(p, 4096, 0, STREAM)
     assert [f["kind"] for f in shim.findings()] == ["unrecorded_use"]
+
+
+def test_the_runtime_cannot_change_while_memory_is_held(acl_shim):
+    import pytest
+
+    from npu_lifetime.shim import ShimError
+
+    p = shim.alloc(64, 0, STREAM)
+    with pytest.raises(ShimError, match="while the allocator holds memory"):
+        shim.select_runtime("sim")
+    shim.free(p, 64, 0, STREAM)
