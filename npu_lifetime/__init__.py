@@ -1,2 +1,20 @@
-"""npu_lifetime: allocator-level cross-stream lifetime checking for PyTorch."""
+"""npu_lifetime: allocator-level cross-stream lifetime checking for PyTorch.
+
+The pure-Python parts (``lifetime``, ``schedules``, ``strategies``, ``shim``)
+import without torch; ``install`` and ``record_use`` import it on first use.
+"""
 __version__ = "0.1.0"
+
+
+def install(device: str = "cuda", policy: str = "poll"):
+    """Installs the allocator shim for ``device`` (see ``npu_lifetime.shim.install``)."""
+    from .shim.install import install as _install
+
+    return _install(device, policy)
+
+
+def record_use(tensor, stream=None) -> None:
+    """See ``npu_lifetime.recording.record_use``."""
+    from .recording import record_use as _record_use
+
+    _record_use(tensor, stream)

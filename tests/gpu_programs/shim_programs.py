@@ -1,0 +1,96 @@
+"""Programs that need a fresh process on a CUDA machine: the allocator can
+only be swapped before CUDA allocates anything.  Each prints one JSON line.
+
+    python tests/gpu_programs/shim_programs.py PROGRAM [ARGS...]
+"""
+import json
+import sys
+
+import torch
+
+import npu_lifetime
+from npu_lifetime import shim
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time: the side stream runs late
+N = 1 << 20  # 4 MiB of float32
+
+
+def install(allocator):
+    if allocator == "shim":
+        npu_lifetime.install("cuda", policy="poll")
+    elif allocator == "shim_stream_wait":
+        npu_lifetime.install("cuda", policy="stream_wait")
+
+
+def basic():
+    install("shim")
+    a = torch.randn(512, 512, device="cuda")
+    b = (a @ a).cpu()
+    ref = a.cpu().double() @ a.cpu().double()
+    rel = float((b.double() - ref).norm() / ref.norm())
+    ptrs = set()
+    for _ in range(100):
+        t = torch.empty(1000, device="cuda")
+        ptrs.add(t.data_ptr())
+        del t
+    s = shim.stats()
+    return {"rel_error": rel, "distinct_ptrs": len(ptrs), "allocations": s.allocations,
+            "cache_hits": s.cache_hits, "runtime": shim.runtime_name(), "findings": shim.findings()}
+
+
+def handoff(allocator, mode):
+    """x is read on a late side stream, then freed; a new tensor of the same
+    size is written on the default stream.  Did the side stream's read see
+    x's data?"""
+    install(allocator)
+    default = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    x = torch.ones(N, device="cuda")
+    x_ptr = x.data_ptr()
+    side.wait_stream(default)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        y = x * 2
+    if mode == "record_stream":
+        x.record_stream(side)
+    elif mode == "record_use":
+        npu_lifetime.record_use(x, side)
+    del x
+    z = torch.empty(N, device="cuda")
+    z.fill_(7.0)
+    reused = z.data_ptr() == x_ptr
+    torch.cuda.synchronize()
+    return {"corrupted": not bool((y == 2).all()), "reused": reused,
+            "findings": shim.findings() if allocator != "native" else []}
+
+
+def record_stream_reaches_shim():
+    install("shim")
+    side = torch.cuda.Stream()
+    x = torch.ones(N, device="cuda")
+    x[10:].record_stream(side)  # through a view: the storage's base is recorded
+    blocks = [b for seg in shim.snapshot()["segments"] for b in seg["blocks"] if b["address"] == x.data_ptr()]
+    return {"recorded": blocks[0]["recorded_streams"], "side": side.cuda_stream}
+
+
+def late_install():
+    torch.zeros(1, device="cuda")
+    try:
+        npu_lifetime.install("cuda")
+    except RuntimeError as err:
+        return {"error": type(err).__name__, "message": str(err)}
+    return {"error": None}
+
+
+def out_of_memory():
+    install("shim")
+    free, _ = torch.cuda.mem_get_info()
+    ok = torch.empty(1024, device="cuda")
+    p = shim.alloc(free * 4, 0, torch.cuda.current_stream().cuda_stream)
+    return {"ptr": p, "findings": shim.findings(), "tensor_still_fine": float(ok.fill_(1).sum()) == 1024.0}
+
+
+PROGRAMS = {f.__name__: f for f in (basic, handoff, record_stream_reaches_shim, late_install, out_of_memory)}
+
+if __name__ == "__main__":
+    print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))
