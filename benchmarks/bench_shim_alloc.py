@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -58,8 +59,10 @@ def torch_empty_table(rounds: int, iters: int, repeats: int) -> list:
         for allocator in order:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", allocator, "--iters", str(iters), "--repeats", str(repeats)],
-                capture_output=True, text=True, check=True, cwd=ROOT,
+                capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
             )
+            if done.returncode != 0:
+                raise SystemExit(f"the {allocator} child failed:\n{done.stderr[-3000:]}")
             for size, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 samples[(allocator, int(size))] += values
         print(f"round {r + 1}/{rounds} done", file=sys.stderr)

@@ -38,11 +38,22 @@ def basic():
             "cache_hits": s.cache_hits, "runtime": shim.runtime_name(), "findings": shim.findings()}
 
 
+def warm_up_kernels():
+    """Loads every kernel the handoff uses: with lazy module loading, a
+    kernel's first launch may wait for the device, hiding the race."""
+    x = torch.ones(16, device="cuda")
+    torch.cuda._sleep(1)
+    (x * 2).fill_(7.0)
+    bool((x == 2).all())
+    torch.cuda.synchronize()
+
+
 def handoff(allocator, mode):
     """x is read on a late side stream, then freed; a new tensor of the same
     size is written on the default stream.  Did the side stream's read see
     x's data?"""
     install(allocator)
+    warm_up_kernels()
     default = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     x = torch.ones(N, device="cuda")
