@@ -35,20 +35,22 @@ def child(allocator: str, iters: int, repeats: int) -> None:
 
         npu_lifetime.install("cuda")
     torch.cuda.init()
-    out = {}
-    for size in SIZES:
-        n = size // 4
-        for _ in range(1000):
+
+    def loop(n: int, count: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(count):
             t = torch.empty(n, device="cuda")
             del t
-        per_op = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                t = torch.empty(n, device="cuda")
-                del t
-            per_op.append((time.perf_counter() - t0) / iters * 1e6)
-        out[size] = per_op
+        return (time.perf_counter() - t0) / count * 1e6
+
+    warm_until = time.perf_counter() + 1.0  # module loads, caches, clocks
+    while time.perf_counter() < warm_until:
+        for size in SIZES:
+            loop(size // 4, 1000)
+    out: dict = {size: [] for size in SIZES}
+    for _ in range(repeats):  # sizes interleaved: no size pays for going first
+        for size in SIZES:
+            out[size].append(loop(size // 4, iters))
     print(json.dumps(out))
 
 
@@ -75,6 +77,7 @@ def torch_empty_table(rounds: int, iters: int, repeats: int) -> list:
 
 
 def c_pairs(runtime: str, size: int) -> dict | None:
+    sys.path.insert(0, str(ROOT))
     from npu_lifetime.shim import library_path
 
     cxx = shutil.which("c++") or shutil.which("g++")

@@ -217,6 +217,7 @@ Block* CachingAllocator::new_segment(const PoolKey& key, size_t size, Stream str
     b->stream = stream;
     b->small = key.small;
     b->segment = seg;
+    b->pool = &pools_[key];
     seg->first = b;
     segments_[seg->base] = seg;
     c_.segments++;
@@ -235,6 +236,7 @@ void CachingAllocator::split(Block* b, size_t size) {
     rest->stream = b->stream;
     rest->small = b->small;
     rest->segment = b->segment;
+    rest->pool = b->pool;
     rest->prev = b;
     rest->next = b->next;
     if (b->next != nullptr) b->next->prev = rest;
@@ -257,13 +259,13 @@ void CachingAllocator::recycle_block(Block* b) {
 }
 
 void CachingAllocator::pool_insert(Block* b) {
-    pools_[PoolKey{b->device, b->stream, b->small}].insert(b);
+    b->pool->insert(b);
     c_.cached_blocks++;
     c_.cached_bytes += b->size;
 }
 
 void CachingAllocator::pool_erase(Block* b) {
-    pools_[PoolKey{b->device, b->stream, b->small}].erase(b);
+    b->pool->erase(b);
     c_.cached_blocks--;
     c_.cached_bytes -= b->size;
 }

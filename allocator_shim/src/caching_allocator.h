@@ -32,6 +32,12 @@ struct StreamUse {
 };
 
 struct Segment;
+struct Block;
+
+struct BlockBySize {
+    bool operator()(const Block* a, const Block* b) const;
+};
+using Pool = std::set<Block*, BlockBySize>;
 
 struct Block {
     char* ptr = nullptr;
@@ -41,6 +47,7 @@ struct Block {
     Stream stream = nullptr;  // allocation stream: the pool it belongs to
     bool small = false;
     Segment* segment = nullptr;
+    Pool* pool = nullptr;   // where it is cached: its (device, stream, small) pool
     Block* prev = nullptr;  // neighbours inside the segment
     Block* next = nullptr;
     BlockState state = BlockState::cached;
@@ -57,11 +64,9 @@ struct Segment {
     Block* first = nullptr;
 };
 
-struct BlockBySize {
-    bool operator()(const Block* a, const Block* b) const {
-        return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-    }
-};
+inline bool BlockBySize::operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+}
 
 struct PoolKey {
     int device;
@@ -132,7 +137,7 @@ class CachingAllocator {
     mutable std::mutex mu_;
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::poll;
-    std::unordered_map<PoolKey, std::set<Block*, BlockBySize>, PoolKeyHash> pools_;
+    std::unordered_map<PoolKey, Pool, PoolKeyHash> pools_;  // nodes are stable: blocks point into it
     std::unordered_map<void*, Block*> live_;
     std::map<char*, Segment*> segments_;
     std::vector<Block*> pending_;
