@@ -18,3 +18,17 @@ def record_use(tensor, stream=None) -> None:
     from .recording import record_use as _record_use
 
     _record_use(tensor, stream)
+
+
+def record_stream(tensor, stream) -> None:
+    """See ``npu_lifetime.recording.record_stream``."""
+    from .recording import record_stream as _record_stream
+
+    _record_stream(tensor, stream)
+
+
+def erase_stream(tensor, stream) -> None:
+    """See ``npu_lifetime.recording.erase_stream``."""
+    from .recording import erase_stream as _erase_stream
+
+    _erase_stream(tensor, stream)

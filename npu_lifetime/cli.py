@@ -32,6 +32,72 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1
 
 
+def _check(args: argparse.Namespace) -> int:
+    from .sanitizer.runner import check_script, write_json
+
+    result = check_script(
+        args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
+        live=not args.no_live, on_race=args.on_race,
+    )
+    print(result.report)
+    write_json(result, args.json)
+    return result.exit_code
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    import json
+    import runpy
+
+    from . import shim
+    from .sanitizer.runner import resolve_device
+
+    device = resolve_device(args.device)
+    if device == "sim":
+        shim.select_runtime("sim")
+    else:
+        from .shim.install import install
+
+        install(device)
+    sys.argv = [args.script, *args.args]
+    runpy.run_path(args.script, run_name="__main__")
+    snap, stats = shim.snapshot(), shim.stats()
+    if args.json:
+        print(json.dumps({"stats": stats.__dict__, "snapshot": snap}, indent=2))
+        return 0
+    print(f"runtime {snap['runtime']}, policy {snap['policy']}")
+    print(f"live {stats.live_blocks} blocks / {stats.live_bytes} B, cached {stats.cached_blocks} / "
+          f"{stats.cached_bytes} B, pending {stats.pending_blocks} / {stats.pending_bytes} B, "
+          f"reserved {stats.reserved_bytes} B (peak {stats.peak_reserved_bytes} B)")
+    for seg in snap["segments"]:
+        print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} ({seg['pool']})")
+        for b in seg["blocks"]:
+            extra = ""
+            if b["recorded_streams"]:
+                extra += " recorded " + ",".join(f"{s:#x}" for s in b["recorded_streams"])
+            if b["use_events"]:
+                extra += " use events " + ",".join(f"{e['stream']:#x}" for e in b["use_events"])
+            if b["held_events"]:
+                extra += f" waiting on {b['held_events']} event(s)"
+            print(f"  {b['address']:#x} {b['size']:>10} B {b['state']:<8}{extra}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import runpy
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parent.parent / "benchmarks"
+    script = scripts / f"bench_{args.name}.py"
+    if not script.exists():
+        names = sorted(p.stem[len("bench_"):] for p in scripts.glob("bench_*.py"))
+        print(f"npu-lifetime: no benchmark {args.name!r}; available: {', '.join(names) or 'none (not a repo checkout)'}",
+              file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *args.args]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="npu-lifetime",
@@ -50,6 +116,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--execute", action="store_true", help="also check verdicts on the simulated device (slower)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=_fuzz)
+
+    p = sub.add_parser("check", help="run a script under the lifetime sanitizer; exit 1 on findings")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
+    p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")
+    p.add_argument("--policy", default="poll", choices=["poll", "stream_wait"])
+    p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
+    p.add_argument("--no-live", action="store_true", help="leave out storages still alive at the end")
+    p.add_argument("--on-race", default="collect", choices=["collect", "warn", "raise"])
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_check)
+
+    p = sub.add_parser("snapshot", help="run a script with the shim and show its blocks at the end")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_snapshot)
+
+    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (model, shim_alloc, ...)")
+    p.add_argument("name")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_bench)
     return parser
 
 

@@ -3,13 +3,20 @@
 An event is recorded on ``stream`` at the call; the tensor's memory is not
 reused until every such event has fired.  It covers what is queued on
 ``stream`` up to the call (and what that is ordered after), not later work.
+No-op on the tensor's allocation stream; repeated calls on one stream keep
+one live event (a stream runs in order, so the later record subsumes).
 
 * Under the shim (``npu_lifetime.install``) the event is attached to the
-  allocator block: exact, one live event per (block, stream).
+  allocator block: exact.
 * Under a native caching allocator, a fallback: the event plus an owned
   reference to the storage, dropped once the event has fired (checked at
   each call and by a background reclaimer every ``poll_interval_s``), so
-  the storage outlives the user's last reference by a bounded lag.
+  memory outlives its last user reference by a bounded lag.
+* On the simulated device (CPU tensors, ``npu_lifetime.simdevice`` streams)
+  it only informs the sanitizer: host memory has no stream to outlive.
+
+The call goes through the custom op ``npu_lifetime::record_use`` so that
+the sanitizer's dispatch mode sees it and ``torch.compile`` traces it.
 """
 from __future__ import annotations
 
@@ -18,14 +25,71 @@ from typing import Optional
 
 import torch
 
+from . import simdevice
 from .shim import api as shim_api
-from .shim.install import installed, stream_handle
+from .shim.install import device_stream, installed, stream_handle
 
 DEVICE_TYPES = ("cuda", "npu")
 
 
 class RecordUseError(ValueError):
     pass
+
+
+def record_use(tensor: torch.Tensor, stream=None) -> None:
+    """Keeps ``tensor``'s memory from being reused until the work queued on
+    ``stream`` (default: the current stream) so far has finished."""
+    if not isinstance(tensor, torch.Tensor):
+        raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
+    if isinstance(stream, simdevice.Stream) or (stream is None and tensor.device.type == "cpu"):
+        _record_on_simulated_device(tensor, stream or simdevice.current_stream())
+        return
+    stream = _checked_stream(tensor, stream)
+    record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
+
+
+def record_stream(tensor: torch.Tensor, stream) -> None:
+    """``tensor.record_stream(stream)``, also for simdevice streams."""
+    if isinstance(stream, simdevice.Stream):
+        _notify_simulated_sanitizer(tensor, stream, "record_stream")
+    else:
+        tensor.record_stream(stream)
+
+
+def erase_stream(tensor: torch.Tensor, stream) -> None:
+    """Withdraws an earlier ``record_stream(stream)`` (torch_npu's eraseStream):
+    the free no longer waits for ``stream``.  Supported under the shim and on
+    the simulated device; the native caching allocators keep no handle for it."""
+    if isinstance(stream, simdevice.Stream):
+        _notify_simulated_sanitizer(tensor, stream, "erase_stream")
+        return
+    setup = installed()
+    if setup is None or setup.device != tensor.device.type:
+        raise RecordUseError("erase_stream needs the shim (npu_lifetime.install) or a simdevice stream")
+    from .sanitizer.backends import active_backend
+
+    typed = device_stream(tensor.device.type, stream)
+    shim_api.erase_stream(tensor.untyped_storage().data_ptr(), stream_handle(typed))
+    backend = active_backend()
+    if backend is not None and backend.device_type == tensor.device.type:
+        backend.sink.erase_stream(tensor, backend.stream_key(typed))
+
+
+def _checked_stream(tensor: torch.Tensor, stream):
+    device = tensor.device
+    if device.type not in DEVICE_TYPES:
+        raise RecordUseError(
+            f"record_use needs a cuda or npu tensor (or a simdevice stream); this one is on {device}"
+        )
+    module = _device_module(device.type)
+    if stream is None:
+        stream = module.current_stream(device)
+    if stream.device != device:
+        raise RecordUseError(f"stream {stream} is on {stream.device}, the tensor on {device}")
+    storage = tensor.untyped_storage()
+    if storage.nbytes() == 0 or storage.data_ptr() == 0:
+        raise RecordUseError("record_use on a freed storage (its memory was already released, e.g. by resize_(0))")
+    return stream
 
 
 def _device_module(device_type: str):
@@ -36,36 +100,55 @@ def _device_module(device_type: str):
     return torch.npu
 
 
-def _check(tensor, stream):
-    if not isinstance(tensor, torch.Tensor):
-        raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
-    device = tensor.device
-    if device.type not in DEVICE_TYPES:
-        raise RecordUseError(
-            f"record_use needs a cuda or npu tensor; this one is on {device} "
-            "(host memory has no stream to outlive)"
-        )
-    module = _device_module(device.type)
-    if stream is None:
-        stream = module.current_stream(device)
-    if stream.device != device:
-        raise RecordUseError(f"stream {stream} is on {stream.device}, the tensor on {device}")
-    storage = tensor.untyped_storage()
-    if storage.nbytes() == 0 or storage.data_ptr() == 0:
-        raise RecordUseError("record_use on a freed storage (its memory was already released, e.g. resize_(0))")
-    return module, stream, storage
+def _record_on_simulated_device(tensor: torch.Tensor, stream: simdevice.Stream) -> None:
+    _notify_simulated_sanitizer(tensor, stream, "record_use")
 
 
-def record_use(tensor: torch.Tensor, stream=None) -> None:
-    """Keeps ``tensor``'s memory from being reused until the work queued on
-    ``stream`` (default: the current stream) so far has finished."""
-    module, stream, storage = _check(tensor, stream)
+def _notify_simulated_sanitizer(tensor: torch.Tensor, stream: simdevice.Stream, call: str) -> None:
+    from .sanitizer.backends import active_backend
+
+    if tensor.device.type != "cpu":
+        raise RecordUseError(f"a simdevice stream goes with CPU tensors, not {tensor.device}")
+    backend = active_backend()
+    if backend is not None and backend.device_type == "cpu":
+        getattr(backend.sink, call)(tensor, stream.key)
+
+
+def _apply(tensor: torch.Tensor, stream: torch.Stream) -> None:
+    """The op's kernel: the shim's block event, or the fallback."""
+    device_type = tensor.device.type
+    typed = device_stream(device_type, stream)
     setup = installed()
-    if setup is not None and setup.device == tensor.device.type:
-        if not shim_api.record_use(storage.data_ptr(), stream_handle(stream)):
-            raise RecordUseError(f"the shim does not know this tensor's storage ({shim_api.findings()})")
+    storage = tensor.untyped_storage()
+    if setup is not None and setup.device == device_type:
+        if not shim_api.record_use(storage.data_ptr(), stream_handle(typed)):
+            raise RecordUseError(f"the shim does not know this tensor's storage: {shim_api.findings()}")
         return
-    FALLBACK.record(storage, stream, module)
+    FALLBACK.record(storage, typed, _device_module(device_type))
+
+
+_OP = None
+
+
+def record_use_op():
+    """``torch.ops.npu_lifetime.record_use.default``, defined on first use."""
+    global _OP
+    if _OP is None:
+
+        @torch.library.custom_op("npu_lifetime::record_use", mutates_args=())
+        def _record_use(tensor: torch.Tensor, stream_id: int, device_index: int, device_type: int) -> None:
+            _apply(tensor, torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+
+        @_record_use.register_fake
+        def _(tensor, stream_id, device_index, device_type) -> None:
+            return None
+
+        _OP = torch.ops.npu_lifetime.record_use.default
+        # It returns nothing and mutates nothing: keep compilers from dropping it.
+        from torch.fx.node import has_side_effect
+
+        has_side_effect(_OP)
+    return _OP
 
 
 class _Fallback:
@@ -110,7 +193,8 @@ class _Fallback:
         self.reclaim()
 
     def _reclaim_locked(self) -> int:
-        done = [key for key, (event, _) in self._held.items() if event.query()]
+        # the unpatched query: the sanitizer must not learn of our own polling
+        done = [key for key, (event, _) in self._held.items() if getattr(event, "raw_query", event.query)()]
         for key in done:
             del self._held[key]  # may free the storage: the event has fired
         return len(done)

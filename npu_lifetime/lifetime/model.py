@@ -162,10 +162,13 @@ class LifetimeModel:
         address: Optional[int] = None,
         size: int = 0,
         site: Site = None,
+        preexisting: bool = False,
     ) -> None:
         """A new storage on ``stream``.  The allocation counts as a write on
         ``stream``: the block may still be in use by its previous owner's work
         queued there, so other streams must wait on ``stream`` before using it.
+        A ``preexisting`` storage (allocated before tracking began) is taken
+        as ordered before everything: its allocation races with nothing.
         """
         if storage in self._live:
             raise ModelInputError(f"storage {storage!r} allocated while live")
@@ -174,7 +177,11 @@ class LifetimeModel:
                 f"address {address:#x} allocated while storage "
                 f"{self._by_address[address]!r} is live there"
             )
-        allocation = self._tick(stream, True, "<allocation>", site)
+        if preexisting:
+            self._stream(stream)
+            allocation = Access(stream, 0, True, "<allocated before tracking>", site)
+        else:
+            allocation = self._tick(stream, True, "<allocation>", site)
         self._freed.pop(storage, None)
         self._live[storage] = _Storage(address, size, stream, site, allocation)
         if address is not None:

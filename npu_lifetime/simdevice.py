@@ -1,0 +1,139 @@
+"""A simulated stream device for CPU tensors.
+
+Streams and events here have the API of ``torch.cuda``'s (``stream()``,
+``current_stream()``, ``Stream.wait_stream``, ``Event.record/wait/
+synchronize/query``, ``synchronize()``), but CPU work runs at once: they
+exist so that stream code can be written, sanitized and fuzzed on a machine
+without an accelerator.  Listeners (the lifetime sanitizer) are told of every
+stream, event and synchronisation, as torch's GPU trace tells CSAN.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from typing import Optional
+
+DEVICE_INDEX = 0
+_handles = itertools.count(1)
+_listeners: list = []
+_state = threading.local()
+
+
+def add_listener(listener) -> None:
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def _notify(name: str, *args) -> None:
+    for listener in list(_listeners):
+        getattr(listener, name)(*args)
+
+
+class Stream:
+    """A simulated stream; handle 0 is the default stream."""
+
+    def __init__(self, _handle: Optional[int] = None) -> None:
+        self.handle = next(_handles) if _handle is None else _handle
+        self.device_index = DEVICE_INDEX
+        if _handle is None:
+            _notify("on_stream_created", self.key)
+
+    @property
+    def key(self) -> tuple:
+        return (self.device_index, self.handle)
+
+    def wait_stream(self, other: "Stream") -> None:
+        self.wait_event(other.record_event())
+
+    def wait_event(self, event: "Event") -> None:
+        event.wait(self)
+
+    def record_event(self, event: Optional["Event"] = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        _notify("on_stream_sync", self.key)
+
+    def query(self) -> bool:
+        _notify("on_stream_sync", self.key)  # CPU work is done: the host knows it
+        return True
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Stream) and other.handle == self.handle
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return "<sim default stream>" if self.handle == 0 else f"<sim stream {self.handle}>"
+
+
+class Event:
+    def __init__(self) -> None:
+        self.handle = next(_handles)
+        self.recorded = False
+        _notify("on_event_created", self.handle)
+
+    def record(self, stream: Optional[Stream] = None) -> None:
+        stream = stream or current_stream()
+        self.recorded = True
+        _notify("on_event_record", self.handle, stream.key)
+
+    def wait(self, stream: Optional[Stream] = None) -> None:
+        stream = stream or current_stream()
+        _notify("on_event_wait", self.handle, stream.key)
+
+    def synchronize(self) -> None:
+        _notify("on_event_sync", self.handle)
+
+    def query(self) -> bool:
+        if self.recorded:
+            _notify("on_event_sync", self.handle)
+        return True
+
+    def __del__(self) -> None:
+        try:
+            _notify("on_event_deleted", self.handle)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+_DEFAULT = Stream(_handle=0)
+
+
+def default_stream() -> Stream:
+    return _DEFAULT
+
+
+def current_stream() -> Stream:
+    return getattr(_state, "stream", _DEFAULT)
+
+
+def set_stream(stream: Stream) -> None:
+    _state.stream = stream
+
+
+@contextlib.contextmanager
+def stream(s: Optional[Stream]):
+    """Makes ``s`` the current stream inside the block (like torch.cuda.stream)."""
+    if s is None:
+        yield
+        return
+    previous = current_stream()
+    set_stream(s)
+    try:
+        yield
+    finally:
+        set_stream(previous)
+
+
+def synchronize() -> None:
+    _notify("on_device_sync", DEVICE_INDEX)

@@ -1,0 +1,110 @@
+"""``npu-lifetime check`` exit codes and JSON, and the pytest plugin, on the
+simulated device."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from npu_lifetime.cli import main
+
+HANDOFF = """
+import torch
+import npu_lifetime
+from npu_lifetime import simdevice as sd
+
+side = sd.Stream()
+x = torch.ones(32)
+side.wait_stream(sd.default_stream())
+with sd.stream(side):
+    y = x * 2
+{fix}
+del x
+"""
+
+
+def script(tmp_path, body, name="prog.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_check_exits_1_on_findings_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    path = script(tmp_path, HANDOFF.format(fix=""))
+    assert main(["check", "--device", "sim", "--json", str(out), path]) == 1
+    assert "[uncovered free]" in capsys.readouterr().out
+    [finding] = json.loads(out.read_text())["findings"]
+    assert finding["kind"] == "uncovered_free" and finding["last_use"]["op"] == "aten::mul"
+
+
+def test_check_exits_0_when_clean(tmp_path, capsys):
+    path = script(tmp_path, HANDOFF.format(fix="npu_lifetime.record_use(x, side)"))
+    assert main(["check", "--device", "sim", path]) == 0
+    assert "no findings" in capsys.readouterr().out
+
+
+def test_check_exits_3_when_the_script_fails_cleanly(tmp_path):
+    assert main(["check", "--device", "sim", script(tmp_path, "raise SystemExit(4)")]) == 3
+    assert main(["check", "--device", "sim", script(tmp_path, "1 / 0", "boom.py")]) == 3
+
+
+def test_check_passes_arguments_to_the_script(tmp_path, capsys):
+    path = script(tmp_path, "import sys; print('args', sys.argv[1:])")
+    assert main(["check", "--device", "sim", path, "--flag", "7"]) == 0
+    assert "args ['--flag', '7']" in capsys.readouterr().out
+
+
+def test_check_live_storages_count_unless_excluded(tmp_path):
+    body = HANDOFF.format(fix="").replace("del x", "keep = x")
+    path = script(tmp_path, body)
+    assert main(["check", "--device", "sim", path]) == 1
+    assert main(["check", "--device", "sim", "--no-live", path]) == 0
+
+
+PLUGIN_TESTS = """
+import gc
+import pytest
+import torch
+import npu_lifetime
+from npu_lifetime import simdevice as sd
+
+def handoff(fix):
+    side = sd.Stream()
+    x = torch.ones(32)
+    side.wait_stream(sd.default_stream())
+    with sd.stream(side):
+        x.sum()
+    if fix:
+        npu_lifetime.record_use(x, side)
+    del x
+    gc.collect()
+
+@pytest.mark.lifetime_sanitizer(device="sim")
+def test_buggy():
+    handoff(fix=False)
+
+@pytest.mark.lifetime_sanitizer(device="sim")
+def test_fixed():
+    handoff(fix=True)
+
+def test_unmarked_is_not_checked():
+    handoff(fix=False)
+
+def test_fixture(lifetime_sanitizer):
+    assert lifetime_sanitizer.enabled and lifetime_sanitizer.backend.device_type == "cpu"
+    handoff(fix=True)
+"""
+
+
+def test_pytest_plugin_fails_tests_with_findings(tmp_path):
+    (tmp_path / "test_user.py").write_text(PLUGIN_TESTS)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", str(tmp_path / "test_user.py")],  # the plugin loads by entry point
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )
+    assert "1 failed, 3 passed" in done.stdout, done.stdout + done.stderr
+    assert "test_buggy" in done.stdout and "[uncovered free]" in done.stdout
