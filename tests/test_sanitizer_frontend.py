@@ -192,3 +192,18 @@ def test_environment_variable_enables_a_process_sanitizer():
     env = dict(os.environ, NPU_LIFETIME_SANITIZER="sim", PYTHONWARNINGS="ignore")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["1", "True"]
+
+
+def test_erase_stream_withdraws_record_stream_on_the_simulated_device():
+    san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
+    with san:
+        side = sd.Stream()
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.sum()
+        npu_lifetime.record_stream(x, side)
+        npu_lifetime.erase_stream(x, side)
+        del x
+        gc.collect()
+    assert [f.kind for f in san.flush()] == ["uncovered_free"]

@@ -340,8 +340,8 @@ class LifetimeModel:
         return cover
 
     def _uncovered(self, storage, s: _Storage, site, live: bool) -> list:
-        if not s.last_use:
-            return []
+        if all(stream == s.alloc_stream for stream in s.last_use):
+            return []  # uses on the allocation stream need nothing
         cover = self._release_clock(s)
         return [
             UncoveredFree(

@@ -22,7 +22,7 @@ import torch
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
 
 
-@dataclass
+@dataclass(slots=True)
 class StorageAccess:
     storage: int  # the storage's base address
     nbytes: int
@@ -41,25 +41,36 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-def bound_arguments(schema, args: tuple, kwargs: dict) -> Iterator[tuple]:
-    yield from zip(schema.arguments, args)
-    if kwargs:
-        by_name = {a.name: a for a in schema.arguments[len(args):]}
-        for name, value in kwargs.items():
-            if name in by_name:
-                yield by_name[name], value
+_READ, _WRITE = False, True
+_plans: dict = {}
 
 
-def _returns(schema, outputs: Any) -> Iterator[tuple]:
-    if len(schema.returns) == 1:
-        yield schema.returns[0], outputs
-    elif isinstance(outputs, (list, tuple)):
-        yield from zip(schema.returns, outputs)
+def _plan(func) -> tuple:
+    """Per op, computed once: for each argument, whether it is skipped
+    (metadata only) or read or written; the returns that are fresh; and
+    whether the op writes no data at all."""
+    plan = _plans.get(func)
+    if plan is None:
+        schema = func._schema
+        arguments = tuple(
+            (a.name, None if a.alias_info is not None and not a.alias_info.is_write else a.alias_info is not None)
+            for a in schema.arguments
+        )
+        fresh_returns = tuple(r.alias_info is None for r in schema.returns)
+        plan = _plans[func] = (arguments, {a[0]: a for a in arguments}, fresh_returns,
+                               bool(_NO_DATA_FACTORY.match(schema.name)))
+    return plan
+
+
+def _outputs(count: int, outputs: Any) -> tuple:
+    if count == 1:
+        return (outputs,)
+    return tuple(outputs) if isinstance(outputs, (list, tuple)) else ()
 
 
 def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable) -> list:
     """The storages ``func`` touched, for tensors ``tracked(t)`` accepts."""
-    schema = func._schema
+    arguments, by_name, fresh_returns, writes_nothing = _plan(func)
     found: dict = {}
 
     def note(t: torch.Tensor, is_write: bool, name: str, fresh: bool = False) -> None:
@@ -79,15 +90,22 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
         entry.fresh |= fresh
         entry.names.append(name)
 
-    for argument, value in bound_arguments(schema, args, kwargs):
-        alias = argument.alias_info
-        if alias is not None and not alias.is_write:
-            continue
+    def note_argument(spec, value) -> None:
+        name, mode = spec
+        if mode is None:
+            return
         for t in _tensors(value):
-            note(t, alias is not None, argument.name)
-    if not _NO_DATA_FACTORY.match(schema.name):
-        for ret, value in _returns(schema, outputs):
-            if ret.alias_info is None:
+            note(t, mode, name)
+
+    for spec, value in zip(arguments, args):
+        note_argument(spec, value)
+    for name, value in kwargs.items():
+        spec = by_name.get(name)
+        if spec is not None:
+            note_argument(spec, value)
+    if not writes_nothing:
+        for fresh, value in zip(fresh_returns, _outputs(len(fresh_returns), outputs)):
+            if fresh:
                 for t in _tensors(value):
-                    note(t, True, ret.name or "output", fresh=True)
+                    note(t, True, "output", fresh=True)
     return list(found.values())

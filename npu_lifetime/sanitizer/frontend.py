@@ -73,6 +73,7 @@ class LifetimeSanitizer:
         self._known_events: set = set()
         self._races: list = []
         self._shim_hooks = None
+        self._record_use = _record_use_op()
 
     # -- enabling ---------------------------------------------------------------
     def enable(self) -> "LifetimeSanitizer":
@@ -147,7 +148,7 @@ class LifetimeSanitizer:
             if self.backend.tracks(tensor):
                 self._storage_call(tensor, self.backend.stream_key(stream), self.model.record_stream)
             return True
-        if func is _record_use_op():
+        if func is self._record_use:
             tensor, stream_id, device_index, device_type = args
             if self.backend.tracks(tensor):
                 stream = torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
