@@ -51,6 +51,7 @@ typedef struct npl_stats {
     uint64_t pending_bytes, pending_blocks;
     uint64_t reserved_bytes, segments;
     uint64_t peak_live_bytes, peak_reserved_bytes;
+    uint64_t peak_active_bytes; /* live + pending: memory no allocation can get */
     uint64_t requested_live_bytes;
     uint64_t allocations, frees, cache_hits;
     uint64_t segment_allocs, segment_frees, oom_retries, oom_failures;

@@ -83,6 +83,10 @@ bool CachingAllocator::ensure_runtime() {
 
 void CachingAllocator::report(Finding f) { findings_.push(std::move(f)); }
 
+void CachingAllocator::note_active_peak() {
+    c_.peak_active_bytes = std::max(c_.peak_active_bytes, c_.live_bytes + c_.pending_bytes);
+}
+
 void CachingAllocator::runtime_error(const char* op, int code, const Block* b, Stream stream) {
     Finding f;
     f.kind = "runtime_error";
@@ -142,6 +146,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     c_.live_bytes += b->size;
     c_.requested_live_bytes += b->requested;
     c_.peak_live_bytes = std::max(c_.peak_live_bytes, c_.live_bytes);
+    note_active_peak();
     return b->ptr;
 }
 
@@ -559,7 +564,8 @@ void CachingAllocator::stats(npl_stats* out) const {
     std::lock_guard<std::mutex> lock(mu_);
     *out = npl_stats{c_.live_bytes, c_.live_blocks, c_.cached_bytes, c_.cached_blocks,
                      c_.pending_bytes, c_.pending_blocks, c_.reserved_bytes, c_.segments,
-                     c_.peak_live_bytes, c_.peak_reserved_bytes, c_.requested_live_bytes,
+                     c_.peak_live_bytes, c_.peak_reserved_bytes, c_.peak_active_bytes,
+                     c_.requested_live_bytes,
                      c_.allocations, c_.frees, c_.cache_hits,
                      c_.segment_allocs, c_.segment_frees, c_.oom_retries, c_.oom_failures,
                      c_.events_created, c_.events_recorded, c_.stream_waits,
@@ -570,6 +576,7 @@ void CachingAllocator::reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
     c_.peak_live_bytes = c_.live_bytes;
     c_.peak_reserved_bytes = c_.reserved_bytes;
+    c_.peak_active_bytes = c_.live_bytes + c_.pending_bytes;
 }
 
 std::string CachingAllocator::snapshot_json() const {

@@ -132,6 +132,7 @@ class CachingAllocator {
     void destroy_event(Event e, int device);
     void runtime_error(const char* op, int code, const Block* b, Stream stream);
     void report(Finding f);
+    void note_active_peak();
 
     FindingQueue& findings_;
     mutable std::mutex mu_;
@@ -147,7 +148,7 @@ class CachingAllocator {
     struct Counters {
         uint64_t live_bytes = 0, live_blocks = 0, cached_bytes = 0, cached_blocks = 0;
         uint64_t pending_bytes = 0, pending_blocks = 0, reserved_bytes = 0, segments = 0;
-        uint64_t peak_live_bytes = 0, peak_reserved_bytes = 0, requested_live_bytes = 0;
+        uint64_t peak_live_bytes = 0, peak_reserved_bytes = 0, peak_active_bytes = 0, requested_live_bytes = 0;
         uint64_t allocations = 0, frees = 0, cache_hits = 0, segment_allocs = 0, segment_frees = 0;
         uint64_t oom_retries = 0, oom_failures = 0, events_created = 0, events_recorded = 0;
         uint64_t stream_waits = 0, deferred_frees = 0;

@@ -140,6 +140,16 @@ class LifetimeSanitizer:
     def erase_stream(self, tensor: torch.Tensor, stream_key: tuple) -> None:
         self._storage_call(tensor, stream_key, self.model.erase_stream)
 
+    def track_allocation(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        """A storage allocated on ``stream_key`` by an allocator the backend
+        does not see (the simulated device's hand-off harness)."""
+        storage = tensor.untyped_storage()
+        site = sites.capture(self.stack_depth, skip=2)
+        with self._lock:
+            self._allocate(storage.data_ptr(), storage.nbytes(), self._stream(stream_key), site)
+        if self.backend.allocations_by_first_sight:
+            self.backend.watch(tensor, self._free)
+
     # -- the dispatcher ----------------------------------------------------------------
     def _before_op(self, func, args, kwargs) -> bool:
         """Handles lifetime ops; True when ``func`` is one (no accesses)."""

@@ -29,6 +29,7 @@ class ShimStats:
     segments: int
     peak_live_bytes: int
     peak_reserved_bytes: int
+    peak_active_bytes: int
     requested_live_bytes: int
     allocations: int
     frees: int

@@ -12,7 +12,7 @@ _NATIVE_DIR = Path(__file__).resolve().parent.parent / "_native"
 STATS_FIELDS = (
     "live_bytes", "live_blocks", "cached_bytes", "cached_blocks",
     "pending_bytes", "pending_blocks", "reserved_bytes", "segments",
-    "peak_live_bytes", "peak_reserved_bytes", "requested_live_bytes",
+    "peak_live_bytes", "peak_reserved_bytes", "peak_active_bytes", "requested_live_bytes",
     "allocations", "frees", "cache_hits",
     "segment_allocs", "segment_frees", "oom_retries", "oom_failures",
     "events_created", "events_recorded", "stream_waits",

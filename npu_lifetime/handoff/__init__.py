@@ -1,0 +1,24 @@
+"""FSDP-style stream hand-offs: the hand-rolled recipe, its record_use
+migration, and a harness that runs them (and their classic mistakes) on the
+simulated device or real CUDA streams."""
+from .devices import CudaHandoffDevice, SimHandoffDevice
+from .harness import HarnessResult, run_handoff
+from .recipes import (
+    BROKEN,
+    CORRECT,
+    BrokenDropOutsideOwnerStream,
+    BrokenEventTooLate,
+    BrokenRecordUseBeforeLastRead,
+    BrokenStashDroppedEarly,
+    EventStash,
+    Handoff,
+    RecipeHandoff,
+    RecordStreamHandoff,
+    RecordUseHandoff,
+)
+
+__all__ = [
+    "BROKEN", "CORRECT", "BrokenDropOutsideOwnerStream", "BrokenEventTooLate", "BrokenRecordUseBeforeLastRead",
+    "BrokenStashDroppedEarly", "CudaHandoffDevice", "EventStash", "Handoff", "HarnessResult", "RecipeHandoff",
+    "RecordStreamHandoff", "RecordUseHandoff", "SimHandoffDevice", "run_handoff",
+]
