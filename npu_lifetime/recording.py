@@ -39,6 +39,11 @@ class RecordUseError(ValueError):
 def record_use(tensor: torch.Tensor, stream=None) -> None:
     """Keeps ``tensor``'s memory from being reused until the work queued on
     ``stream`` (default: the current stream) so far has finished."""
+    if torch.compiler.is_compiling():
+        # traced by torch.compile: no checks dynamo cannot follow, just the op
+        stream = stream if stream is not None else _device_module(tensor.device.type).current_stream()
+        record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
+        return
     if not isinstance(tensor, torch.Tensor):
         raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
     if isinstance(stream, simdevice.Stream) or (stream is None and tensor.device.type == "cpu"):
@@ -127,27 +132,25 @@ def _apply(tensor: torch.Tensor, stream: torch.Stream) -> None:
     FALLBACK.record(storage, typed, _device_module(device_type))
 
 
-_OP = None
+@torch.library.custom_op("npu_lifetime::record_use", mutates_args=())
+def _record_use_kernel(tensor: torch.Tensor, stream_id: int, device_index: int, device_type: int) -> None:
+    _apply(tensor, torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+
+
+@_record_use_kernel.register_fake
+def _(tensor, stream_id, device_index, device_type) -> None:
+    return None
+
+
+_OP = torch.ops.npu_lifetime.record_use.default
+# It returns nothing and mutates nothing: keep compilers from dropping it.
+from torch.fx.node import has_side_effect  # noqa: E402
+
+has_side_effect(_OP)
 
 
 def record_use_op():
-    """``torch.ops.npu_lifetime.record_use.default``, defined on first use."""
-    global _OP
-    if _OP is None:
-
-        @torch.library.custom_op("npu_lifetime::record_use", mutates_args=())
-        def _record_use(tensor: torch.Tensor, stream_id: int, device_index: int, device_type: int) -> None:
-            _apply(tensor, torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
-
-        @_record_use.register_fake
-        def _(tensor, stream_id, device_index, device_type) -> None:
-            return None
-
-        _OP = torch.ops.npu_lifetime.record_use.default
-        # It returns nothing and mutates nothing: keep compilers from dropping it.
-        from torch.fx.node import has_side_effect
-
-        has_side_effect(_OP)
+    """``torch.ops.npu_lifetime.record_use.default``."""
     return _OP
 
 

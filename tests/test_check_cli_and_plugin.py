@@ -99,11 +99,20 @@ def test_fixture(lifetime_sanitizer):
 """
 
 
+def _plugin_registered() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "npu_lifetime.pytest_plugin" for ep in entry_points(group="pytest11"))
+
+
 def test_pytest_plugin_fails_tests_with_findings(tmp_path):
     (tmp_path / "test_user.py").write_text(PLUGIN_TESTS)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root)
+    # installed, the plugin loads by its entry point; from a bare checkout, by -p
+    load = [] if _plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", str(tmp_path / "test_user.py")],  # the plugin loads by entry point
+        [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
         capture_output=True, text=True, cwd=tmp_path, env=env,
     )
     assert "1 failed, 3 passed" in done.stdout, done.stdout + done.stderr
