@@ -50,7 +50,18 @@ def record_use(tensor: torch.Tensor, stream=None) -> None:
         _record_on_simulated_device(tensor, stream or simdevice.current_stream())
         return
     stream = _checked_stream(tensor, stream)
-    record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
+    if _sanitizer_watching(tensor.device.type):
+        # through the op, so the sanitizer's dispatch mode sees the call
+        record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
+    else:
+        _apply(tensor, stream)
+
+
+def _sanitizer_watching(device_type: str) -> bool:
+    from .sanitizer.backends import active_backend
+
+    backend = active_backend()
+    return backend is not None and backend.device_type == device_type
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
@@ -119,10 +130,10 @@ def _notify_simulated_sanitizer(tensor: torch.Tensor, stream: simdevice.Stream, 
         getattr(backend.sink, call)(tensor, stream.key)
 
 
-def _apply(tensor: torch.Tensor, stream: torch.Stream) -> None:
+def _apply(tensor: torch.Tensor, stream) -> None:
     """The op's kernel: the shim's block event, or the fallback."""
     device_type = tensor.device.type
-    typed = device_stream(device_type, stream)
+    typed = stream if hasattr(stream, "cuda_stream") or hasattr(stream, "npu_stream") else device_stream(device_type, stream)
     setup = installed()
     storage = tensor.untyped_storage()
     if setup is not None and setup.device == device_type:

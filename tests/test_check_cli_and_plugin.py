@@ -93,6 +93,7 @@ def test_fixed():
 def test_unmarked_is_not_checked():
     handoff(fix=False)
 
+@pytest.mark.lifetime_sanitizer(device="sim")
 def test_fixture(lifetime_sanitizer):
     assert lifetime_sanitizer.enabled and lifetime_sanitizer.backend.device_type == "cpu"
     handoff(fix=True)

@@ -130,7 +130,9 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
     PoolKey key{device, stream, rounded <= kSmallLimit};
-    if (policy_ == Policy::poll && !pending_.empty() && !capturing(stream)) process_events_locked();
+    // Pending blocks exist under the poll policy (and linger after a switch
+    // to stream_wait); never poll while the allocating stream captures.
+    if (!pending_.empty() && !capturing(stream)) process_events_locked();
     Block* b = take_cached(key, rounded, stream);
     if (b != nullptr) {
         c_.cache_hits++;
