@@ -207,3 +207,12 @@ def test_erase_stream_withdraws_record_stream_on_the_simulated_device():
         del x
         gc.collect()
     assert [f.kind for f in san.flush()] == ["uncovered_free"]
+
+
+def test_wrapper_subclasses_stand_for_their_inner_tensors():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a, b = torch.ones(4), torch.zeros(4)
+    pair = TwoTensor(a, b)
+    found = accesses(aten.mul.Tensor, (pair, 2.0), outputs=torch.ones(4))
+    assert (ptr(a), False) in found and (ptr(b), False) in found

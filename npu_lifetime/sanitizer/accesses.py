@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
 
@@ -34,8 +35,15 @@ class StorageAccess:
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Plain tensors in ``value``; a wrapper subclass (DTensor...) stands
+    for the tensors it wraps, which hold the storage."""
     if isinstance(value, torch.Tensor):
-        yield value
+        if is_traceable_wrapper_subclass(value):
+            names, _ = value.__tensor_flatten__()
+            for name in names:
+                yield from _tensors(getattr(value, name))
+        else:
+            yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
@@ -78,9 +86,9 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
             return
         try:
             storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse, nested, meta...
+            ptr = storage.data_ptr()
+        except (RuntimeError, NotImplementedError):  # sparse, meta, storage-less...
             return
-        ptr = storage.data_ptr()
         if ptr == 0:
             return
         entry = found.get(ptr)
