@@ -82,6 +82,26 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _handoff(args: argparse.Namespace) -> int:
+    from .handoff import CudaHandoffDevice, SimHandoffDevice
+    from .handoff.table import format_table, handoff_table
+
+    if args.device == "cuda":
+        from .shim.install import install
+
+        install("cuda")
+        device = CudaHandoffDevice()
+    else:
+        device = SimHandoffDevice()
+    rows, ok = handoff_table(device, layers=args.layers, width=args.width)
+    print(f"FSDP-style hand-off, {args.layers} layers, {args.width}x{args.width} buffers, device {device.name}, "
+          "under the lifetime sanitizer")
+    print(format_table(rows))
+    print("all as expected" if ok else "UNEXPECTED: a correct hand-off had findings or different outputs, "
+          "or a broken one went unreported")
+    return 0 if ok else 1
+
+
 def _bench(args: argparse.Namespace) -> int:
     import runpy
     from pathlib import Path
@@ -134,6 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_snapshot)
+
+    p = sub.add_parser("handoff", help="run the FSDP-style hand-off harness (recipe vs record_use vs record_stream)")
+    p.add_argument("--device", default="sim", choices=["sim", "cuda"])
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--width", type=int, default=64)
+    p.set_defaults(run=_handoff)
 
     p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (model, shim_alloc, ...)")
     p.add_argument("name")

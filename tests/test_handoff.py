@@ -104,3 +104,11 @@ def test_tensor_record_use_method_is_opt_in():
         assert san.flush() == []
     finally:
         del torch.Tensor.record_use
+
+
+def test_handoff_command_runs_every_variant_on_the_simulated_device(sim_shim, capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["handoff", "--layers", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "all as expected" in out and out.count("uncovered_free") == 3

@@ -46,6 +46,7 @@ def check_stats(tracker):
     assert s.live_blocks == len(tracker.live)
     assert s.requested_live_bytes == sum(v[0] for v in tracker.live.values())
     assert s.peak_live_bytes >= s.live_bytes and s.peak_reserved_bytes >= s.reserved_bytes
+    assert s.peak_active_bytes >= s.live_bytes + s.pending_bytes
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -37,13 +37,12 @@ class Site:
 
     def user_frames(self) -> list:
         out = [(code.co_filename, line, code.co_name) for code, line in self.frames]
-        user = [f for f in out if not _internal(f[0])]
-        return user or out
+        return [f for f in out if not _internal(f[0])]
 
     def innermost(self) -> str:
         frames = self.user_frames()
         if not frames:
-            return "<unknown>"
+            return "<no user frame: called from C++, e.g. the autograd engine's thread>"
         filename, line, name = frames[0]
         return f"{filename}:{line} in {name}"
 
