@@ -20,6 +20,7 @@ the sanitizer's dispatch mode sees it and ``torch.compile`` traces it.
 """
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Optional
 
@@ -174,6 +175,7 @@ class _Fallback:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
+        self._stopping = False
         self.events_created = 0
 
     def record(self, storage, stream, module) -> None:
@@ -220,14 +222,26 @@ class _Fallback:
 
     def _run(self) -> None:
         with self._lock:
-            while True:
-                while not self._held:
+            while not self._stopping:
+                if self._held:
+                    self._reclaim_locked()
+                    self._wake.wait(timeout=self.poll_interval_s)
+                else:
                     self._wake.wait()
-                self._reclaim_locked()
-                self._wake.wait(timeout=self.poll_interval_s)
+
+    def shutdown(self) -> None:
+        """Stops the reclaimer before the interpreter (and the device
+        runtime) goes away: a thread polling events during teardown aborts
+        the process."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
 
 
 FALLBACK = _Fallback()
+atexit.register(FALLBACK.shutdown)
 
 
 def install_tensor_method() -> None:

@@ -116,7 +116,7 @@ class CudaBackend(_TraceBackend):
         self._patch_queries(torch.cuda.Event, torch.cuda.Stream, lambda e: e.cuda_event)
 
     def current_device(self) -> int:
-        return torch.cuda.current_device()
+        return torch._C._cuda_getDevice()  # torch.cuda.current_device() without its Python layers
 
     def current_stream(self, device_index: int) -> tuple:
         return (device_index, torch._C._cuda_getCurrentRawStream(device_index))

@@ -56,7 +56,7 @@ class LifetimeSanitizer:
         device: str = "cuda",
         on_race: str = "raise",
         warn_on_free: bool = True,
-        stack_depth: int = 24,
+        stack_depth: int = 16,
     ) -> None:
         if on_race not in ON_RACE:
             raise ValueError(f"on_race must be one of {ON_RACE}, not {on_race!r}")
