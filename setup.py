@@ -12,6 +12,7 @@ from setuptools.command.build_ext import build_ext
 
 SHIM = Path("allocator_shim")
 SOURCES = sorted(str(p) for p in (SHIM / "src").glob("*.cpp"))
+HEADERS = sorted(str(p) for p in SHIM.glob("*/*.h"))
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]
 
 
@@ -26,6 +27,6 @@ class BuildShim(build_ext):
 
 
 setup(
-    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES)],
+    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=HEADERS)],
     cmdclass={"build_ext": BuildShim},
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Optional
 
 
@@ -169,6 +170,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list] = None) -> int:
+    # a CPU torch without numpy says so at import; it is not ours to report
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     args = _parser().parse_args(argv)
     for name in ("schedules", "jobs", "max_steps", "max_streams"):
         if getattr(args, name, 1) < 1:

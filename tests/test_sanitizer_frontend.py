@@ -68,6 +68,16 @@ def test_views_of_one_storage_are_one_access():
     assert accesses(aten.add.Tensor, (a[:4], a[4:]), outputs=out) == sorted([(ptr(a), False), (ptr(out), True)])
 
 
+def used_on_side():
+    """x made on the default stream, then read on a side stream that waited for it."""
+    side = sd.Stream()
+    x = torch.ones(8)
+    side.wait_stream(sd.default_stream())
+    with sd.stream(side):
+        x.sum()
+    return x, side
+
+
 def buggy(san):
     side = sd.Stream()
     x = torch.ones(64)  # line: allocation
@@ -106,11 +116,7 @@ def test_json_form_of_findings():
 def test_flush_reports_live_storages_per_usage_stream():
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side()
         grouped = san.flush_by_stream()
     assert list(grouped) == [f"sim stream {side.handle}"]
     [f] = grouped[f"sim stream {side.handle}"]
@@ -142,11 +148,7 @@ def test_on_race_raise_warn_collect():
 def test_uncovered_free_warns_by_default():
     with pytest.warns(LifetimeWarning, match="uncovered free"):
         with LifetimeSanitizer("sim", on_race="collect"):
-            side = sd.Stream()
-            x = torch.ones(8)
-            side.wait_stream(sd.default_stream())
-            with sd.stream(side):
-                x.sum()
+            x, side = used_on_side()
             del x
             gc.collect()
 
@@ -197,11 +199,7 @@ def test_environment_variable_enables_a_process_sanitizer():
 def test_erase_stream_withdraws_record_stream_on_the_simulated_device():
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side()
         npu_lifetime.record_stream(x, side)
         npu_lifetime.erase_stream(x, side)
         del x

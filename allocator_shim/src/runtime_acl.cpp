@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "device_guard.h"
 #include "loader.h"
 #include "runtime.h"
 
@@ -40,16 +41,7 @@ Status status_of(aclError err, int* code) {
 
 template <typename Call>
 Status on_device(int device, int* code, Call call) {
-    int32_t previous = -1;
-    aclError err = api.GetDevice(&previous);
-    if (err != kSuccess) return status_of(err, code);
-    if (previous != device && (err = api.SetDevice(device)) != kSuccess) return status_of(err, code);
-    Status s = status_of(call(), code);
-    if (previous != device) {
-        aclError back = api.SetDevice(previous);
-        if (back != kSuccess && s == Status::ok) return status_of(back, code);
-    }
-    return s;
+    return npl::on_device(device, code, api.GetDevice, api.SetDevice, kSuccess, status_of, call);
 }
 
 Status acl_malloc(void** ptr, size_t size, int device, int* code) {

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "device_guard.h"
 #include "loader.h"
 #include "runtime.h"
 
@@ -42,19 +43,9 @@ Status status_of(cudaError err, int* code) {
     return Status::error;
 }
 
-// Runs `call` with `device` current, restoring the previous device.
 template <typename Call>
 Status on_device(int device, int* code, Call call) {
-    int previous = -1;
-    cudaError err = api.GetDevice(&previous);
-    if (err != kSuccess) return status_of(err, code);
-    if (previous != device && (err = api.SetDevice(device)) != kSuccess) return status_of(err, code);
-    Status s = status_of(call(), code);
-    if (previous != device) {
-        cudaError back = api.SetDevice(previous);
-        if (back != kSuccess && s == Status::ok) return status_of(back, code);
-    }
-    return s;
+    return npl::on_device(device, code, api.GetDevice, api.SetDevice, kSuccess, status_of, call);
 }
 
 Status cu_malloc(void** ptr, size_t size, int device, int* code) {
