@@ -118,3 +118,24 @@ def test_pytest_plugin_fails_tests_with_findings(tmp_path):
     )
     assert "1 failed, 3 passed" in done.stdout, done.stdout + done.stderr
     assert "test_buggy" in done.stdout and "[uncovered free]" in done.stdout
+
+
+def test_snapshot_shows_blocks_streams_and_events(tmp_path, capsys, sim_shim):
+    path = script(tmp_path, """
+        from npu_lifetime import shim
+        p = shim.alloc(4096, 0, 0x10)
+        shim.record_stream(p, 0x30)
+        shim.record_use(p, 0x20)
+    """)
+    assert main(["snapshot", "--device", "sim", path]) == 0
+    out = capsys.readouterr().out
+    assert "runtime sim, policy poll" in out and "live 1 blocks / 4096 B" in out
+    assert "recorded 0x30 use events 0x20" in out
+
+
+def test_bench_runs_a_benchmark_script_and_lists_unknown_names(capsys):
+    assert main(["bench", "model", "--rounds", "200", "--repeats", "1"]) == 0
+    assert "median us" in capsys.readouterr().out
+    assert main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no benchmark 'nope'" in err and "model" in err and "shim_alloc" in err
