@@ -123,7 +123,7 @@ def test_stream_wait_policy_hands_the_block_out_at_once(sim_shim):
 
 def test_stream_wait_policy_holds_blocks_back_during_capture(sim_shim):
     sim_shim.set_policy("stream_wait")
-    p, q = sim_shim.alloc(1 << 20, 0, S1), sim_shim.alloc(1 << 20, 0, S1)  # fill a segment
+    p, _q = sim_shim.alloc(1 << 20, 0, S1), sim_shim.alloc(1 << 20, 0, S1)  # fill a segment
     sim_shim.record_use(p, S2)
     sim_shim.free(p, 1 << 20, 0, S1)
     sim_shim.sim.set_capturing(S1, True)

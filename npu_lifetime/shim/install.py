@@ -107,7 +107,7 @@ def stream_handle(stream) -> int:
     """The runtime handle of a torch.cuda / torch_npu stream."""
     handle = getattr(stream, "cuda_stream", None)
     if handle is None:
-        handle = getattr(stream, "npu_stream")
+        handle = stream.npu_stream
     return int(handle)
 
 
