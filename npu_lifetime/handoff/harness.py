@@ -119,8 +119,7 @@ def run_handoff(
 
     from ..sanitizer import LifetimeSanitizer
 
-    sanitizer = LifetimeSanitizer("sim" if device.name == "sim" else device.name, on_race="collect",
-                                  warn_on_free=False) if sanitize else None
+    sanitizer = LifetimeSanitizer(device.name, on_race="collect", warn_on_free=False) if sanitize else None
     handoff = handoff_class(device)
     if sanitizer is not None:
         sanitizer.enable()
