@@ -119,6 +119,9 @@ class LifetimeModel:
     def create_event(self, event: Hashable) -> None:
         self._events.setdefault(event, None)
 
+    def event_recorded(self, event: Hashable) -> bool:
+        return self._events.get(event) is not None
+
     def delete_event(self, event: Hashable) -> None:
         self._events.pop(event, None)
 

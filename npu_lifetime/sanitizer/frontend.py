@@ -40,10 +40,19 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        handled = self.sanitizer._before_op(func, args, kwargs)
-        outputs = func(*args, **kwargs)
-        if not handled:
-            self.sanitizer._after_op(func, args, kwargs, outputs)
+        san = self.sanitizer
+        handled = san._before_op(func, args, kwargs)
+        if handled:
+            return func(*args, **kwargs)
+        # one capture per op, shared with the allocations and frees inside it
+        site = sites.capture(san.stack_depth, skip=1)
+        tls = san._tls
+        outer, tls.site = getattr(tls, "site", None), site
+        try:
+            outputs = func(*args, **kwargs)
+        finally:
+            tls.site = outer
+        san._after_op(func, args, kwargs, outputs, site)
         return outputs
 
 
@@ -74,6 +83,7 @@ class LifetimeSanitizer:
         self._races: list = []
         self._shim_hooks = None
         self._record_use = _record_use_op()
+        self._tls = threading.local()  # the site of the op being dispatched
 
     # -- enabling ---------------------------------------------------------------
     def enable(self) -> "LifetimeSanitizer":
@@ -166,11 +176,15 @@ class LifetimeSanitizer:
             return True
         return False
 
-    def _after_op(self, func, args, kwargs, outputs) -> None:
+    def _site(self, skip: int):
+        """The current op's site when inside one, else a fresh capture."""
+        site = getattr(self._tls, "site", None)
+        return site if site is not None else sites.capture(self.stack_depth, skip=skip + 1)
+
+    def _after_op(self, func, args, kwargs, outputs, site) -> None:
         accesses = op_accesses(func, args, kwargs, outputs, self.backend.tracks)
         if not accesses:
             return
-        site = sites.capture(self.stack_depth, skip=2)
         op = func._schema.name
         with self._lock:
             stream = self._stream(self.backend.current_stream(accesses[0].device_index))
@@ -258,12 +272,15 @@ class LifetimeSanitizer:
     def on_event_wait(self, event, key) -> None:
         with self._lock:
             if event in self._known_events:  # else created and recorded before we were enabled
-                self.model.wait_event(self._stream(key), event, site=sites.capture(self.stack_depth, skip=2))
+                # a site only matters for the finding about an unrecorded event
+                site = None if self.model.event_recorded(event) else sites.capture(self.stack_depth, skip=2)
+                self.model.wait_event(self._stream(key), event, site=site)
 
     def on_event_sync(self, event) -> None:
         with self._lock:
             if event in self._known_events:
-                self.model.synchronize_event(event, site=sites.capture(self.stack_depth, skip=2))
+                site = None if self.model.event_recorded(event) else sites.capture(self.stack_depth, skip=2)
+                self.model.synchronize_event(event, site=site)
 
     def on_stream_sync(self, key) -> None:
         with self._lock:
@@ -278,7 +295,7 @@ class LifetimeSanitizer:
             return  # the shim reports allocations itself
         key = self.backend.current_stream(device)
         with self._lock:
-            self._allocate(address, 0, self._stream(key), sites.capture(self.stack_depth, skip=2))
+            self._allocate(address, 0, self._stream(key), self._site(skip=1))
 
     def on_trace_free(self, address) -> None:
         if self._shim_hooks is None:
@@ -301,7 +318,7 @@ class LifetimeSanitizer:
             sid = self._live.pop(address, None)
             if sid is None:
                 return []  # allocated before the sanitizer was enabled
-            return self.model.free(sid, site=sites.capture(self.stack_depth, skip=2))
+            return self.model.free(sid, site=self._site(skip=1))
 
     # -- the shim: allocations, frees, and deferring unsafe reuse --------------------------------
     def _connect_shim(self) -> None:
@@ -316,7 +333,7 @@ class LifetimeSanitizer:
         def on_alloc(ptr, size, device, stream, _ctx):
             with self._lock:
                 key = self._stream((device, stream or 0))
-                self._allocate(ptr, size, key, sites.capture(self.stack_depth, skip=1))
+                self._allocate(ptr, size, key, self._site(skip=0))
 
         def on_free(ptr, _size, _device, _stream, _ctx):
             for finding in self._free(ptr):

@@ -66,7 +66,10 @@ def capture(depth: int = 24, skip: int = 1) -> Optional[Site]:
         return None
     frame = sys._getframe(skip)
     frames = []
-    while frame is not None and len(frames) < depth:
-        frames.append((frame.f_code, frame.f_lineno))
+    append = frames.append
+    for _ in range(depth):
+        if frame is None:
+            break
+        append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
     return Site(tuple(frames))
