@@ -48,21 +48,22 @@ def record_use(tensor: torch.Tensor, stream=None) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
     if isinstance(stream, simdevice.Stream) or (stream is None and tensor.device.type == "cpu"):
-        _record_on_simulated_device(tensor, stream or simdevice.current_stream())
+        _notify_simulated_sanitizer(tensor, stream or simdevice.current_stream(), "record_use")
         return
     stream = _checked_stream(tensor, stream)
-    if _sanitizer_watching(tensor.device.type):
+    if _watching_sanitizer(tensor.device.type) is not None:
         # through the op, so the sanitizer's dispatch mode sees the call
         record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
     else:
         _apply(tensor, stream)
 
 
-def _sanitizer_watching(device_type: str) -> bool:
+def _watching_sanitizer(device_type: str):
+    """The enabled sanitizer's backend for ``device_type``, if any."""
     from .sanitizer.backends import active_backend
 
     backend = active_backend()
-    return backend is not None and backend.device_type == device_type
+    return backend if backend is not None and backend.device_type == device_type else None
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
@@ -83,12 +84,10 @@ def erase_stream(tensor: torch.Tensor, stream) -> None:
     setup = installed()
     if setup is None or setup.device != tensor.device.type:
         raise RecordUseError("erase_stream needs the shim (npu_lifetime.install) or a simdevice stream")
-    from .sanitizer.backends import active_backend
-
     typed = device_stream(tensor.device.type, stream)
     shim_api.erase_stream(tensor.untyped_storage().data_ptr(), stream_handle(typed))
-    backend = active_backend()
-    if backend is not None and backend.device_type == tensor.device.type:
+    backend = _watching_sanitizer(tensor.device.type)
+    if backend is not None:
         backend.sink.erase_stream(tensor, backend.stream_key(typed))
 
 
@@ -117,17 +116,11 @@ def _device_module(device_type: str):
     return torch.npu
 
 
-def _record_on_simulated_device(tensor: torch.Tensor, stream: simdevice.Stream) -> None:
-    _notify_simulated_sanitizer(tensor, stream, "record_use")
-
-
 def _notify_simulated_sanitizer(tensor: torch.Tensor, stream: simdevice.Stream, call: str) -> None:
-    from .sanitizer.backends import active_backend
-
     if tensor.device.type != "cpu":
         raise RecordUseError(f"a simdevice stream goes with CPU tensors, not {tensor.device}")
-    backend = active_backend()
-    if backend is not None and backend.device_type == "cpu":
+    backend = _watching_sanitizer("cpu")
+    if backend is not None:
         getattr(backend.sink, call)(tensor, stream.key)
 
 

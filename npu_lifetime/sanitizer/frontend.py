@@ -153,12 +153,9 @@ class LifetimeSanitizer:
     def track_allocation(self, tensor: torch.Tensor, stream_key: tuple) -> None:
         """A storage allocated on ``stream_key`` by an allocator the backend
         does not see (the simulated device's hand-off harness)."""
-        storage = tensor.untyped_storage()
         site = sites.capture(self.stack_depth, skip=2)
         with self._lock:
-            self._allocate(storage.data_ptr(), storage.nbytes(), self._stream(stream_key), site)
-        if self.backend.allocations_by_first_sight:
-            self.backend.watch(tensor, self._free)
+            self._adopt(tensor, self._stream(stream_key), site, preexisting=False)
 
     # -- the dispatcher ----------------------------------------------------------------
     def _before_op(self, func, args, kwargs) -> bool:
@@ -219,11 +216,17 @@ class LifetimeSanitizer:
         storage = self._live.get(access.storage)
         if storage is not None:
             return storage
-        by_sight = self.backend.allocations_by_first_sight
-        storage = self._allocate(access.storage, access.nbytes, stream, site, preexisting=not (by_sight and access.fresh))
-        if by_sight:
-            self.backend.watch(access.tensor, self._free)
-        return storage
+        fresh = self.backend.allocations_by_first_sight and access.fresh
+        return self._adopt(access.tensor, stream, site, preexisting=not fresh)
+
+    def _adopt(self, tensor, stream, site, preexisting: bool) -> int:
+        """Tracks the storage of ``tensor`` from now on; on the simulated
+        device (no allocator callbacks) its death is watched too."""
+        storage = tensor.untyped_storage()
+        sid = self._allocate(storage.data_ptr(), storage.nbytes(), stream, site, preexisting=preexisting)
+        if self.backend.allocations_by_first_sight:
+            self.backend.watch(tensor, self._free)
+        return sid
 
     def _allocate(self, address, nbytes, stream, site, preexisting=False) -> int:
         old = self._live.pop(address, None)
@@ -243,9 +246,7 @@ class LifetimeSanitizer:
             stream = self._stream(stream_key)
             sid = self._live.get(storage.data_ptr())
             if sid is None:
-                sid = self._allocate(storage.data_ptr(), storage.nbytes(), stream, site, preexisting=True)
-                if self.backend.allocations_by_first_sight:
-                    self.backend.watch(tensor, self._free)
+                sid = self._adopt(tensor, stream, site, preexisting=True)
             call(sid, stream, site=site)
 
     # -- device events (from the backend) ---------------------------------------------------
@@ -272,15 +273,16 @@ class LifetimeSanitizer:
     def on_event_wait(self, event, key) -> None:
         with self._lock:
             if event in self._known_events:  # else created and recorded before we were enabled
-                # a site only matters for the finding about an unrecorded event
-                site = None if self.model.event_recorded(event) else sites.capture(self.stack_depth, skip=2)
-                self.model.wait_event(self._stream(key), event, site=site)
+                self.model.wait_event(self._stream(key), event, site=self._wait_site(event))
 
     def on_event_sync(self, event) -> None:
         with self._lock:
             if event in self._known_events:
-                site = None if self.model.event_recorded(event) else sites.capture(self.stack_depth, skip=2)
-                self.model.synchronize_event(event, site=site)
+                self.model.synchronize_event(event, site=self._wait_site(event))
+
+    def _wait_site(self, event):
+        """A site only matters for the finding about an unrecorded event."""
+        return None if self.model.event_recorded(event) else sites.capture(self.stack_depth, skip=3)
 
     def on_stream_sync(self, key) -> None:
         with self._lock:
