@@ -51,19 +51,24 @@ def record_use(tensor: torch.Tensor, stream=None) -> None:
         _notify_simulated_sanitizer(tensor, stream or simdevice.current_stream(), "record_use")
         return
     stream = _checked_stream(tensor, stream)
-    if _watching_sanitizer(tensor.device.type) is not None:
+    if _watching_sanitizer(tensor.device.type):
         # through the op, so the sanitizer's dispatch mode sees the call
         record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
     else:
         _apply(tensor, stream)
 
 
-def _watching_sanitizer(device_type: str):
-    """The enabled sanitizer's backend for ``device_type``, if any."""
-    from .sanitizer.backends import active_backend
+def _watching_sanitizer(device_type: str) -> bool:
+    """Whether an enabled sanitizer watches ``device_type``."""
+    from .sanitizer import watchers
 
-    backend = active_backend()
-    return backend if backend is not None and backend.device_type == device_type else None
+    return watchers.watching(device_type)
+
+
+def _notify_sanitizers(call: str, tensor: torch.Tensor, stream) -> None:
+    from .sanitizer import watchers
+
+    watchers.notify(call, tensor, stream)
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
@@ -86,9 +91,7 @@ def erase_stream(tensor: torch.Tensor, stream) -> None:
         raise RecordUseError("erase_stream needs the shim (npu_lifetime.install) or a simdevice stream")
     typed = device_stream(tensor.device.type, stream)
     shim_api.erase_stream(tensor.untyped_storage().data_ptr(), stream_handle(typed))
-    backend = _watching_sanitizer(tensor.device.type)
-    if backend is not None:
-        backend.sink.erase_stream(tensor, backend.stream_key(typed))
+    _notify_sanitizers("erase_stream", tensor, typed)
 
 
 def _checked_stream(tensor: torch.Tensor, stream):
@@ -119,9 +122,7 @@ def _device_module(device_type: str):
 def _notify_simulated_sanitizer(tensor: torch.Tensor, stream: simdevice.Stream, call: str) -> None:
     if tensor.device.type != "cpu":
         raise RecordUseError(f"a simdevice stream goes with CPU tensors, not {tensor.device}")
-    backend = _watching_sanitizer("cpu")
-    if backend is not None:
-        getattr(backend.sink, call)(tensor, stream.key)
+    _notify_sanitizers(call, tensor, stream)
 
 
 def _apply(tensor: torch.Tensor, stream) -> None:

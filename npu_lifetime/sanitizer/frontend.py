@@ -329,27 +329,25 @@ class LifetimeSanitizer:
         setup = installed()
         if setup is None or setup.device != self.backend.device_type:
             return
-        from ..shim import api
-        from ..shim.native import ALLOC_HOOK, FREE_HOOK, library
+        from ..shim import api, hooks
 
-        def on_alloc(ptr, size, device, stream, _ctx):
+        def on_alloc(ptr, size, device, stream):
             with self._lock:
-                key = self._stream((device, stream or 0))
+                key = self._stream((device, stream))
                 self._allocate(ptr, size, key, self._site(skip=0))
 
-        def on_free(ptr, _size, _device, _stream, _ctx):
+        def on_free(ptr, _size, _device, _stream):
             for finding in self._free(ptr):
                 if isinstance(finding, UncoveredFree):
                     api.note_use(ptr, finding.usage_stream[1])  # the shim defers the reuse
 
-        self._shim_hooks = (ALLOC_HOOK(on_alloc), FREE_HOOK(on_free))
-        library().npl_set_hooks(*self._shim_hooks, None)
+        self._shim_hooks = hooks.subscribe(on_alloc, on_free)
 
     def _disconnect_shim(self) -> None:
         if self._shim_hooks is not None:
-            from ..shim.native import ALLOC_HOOK, FREE_HOOK, library
+            from ..shim import hooks
 
-            library().npl_set_hooks(ALLOC_HOOK(), FREE_HOOK(), None)
+            hooks.unsubscribe(self._shim_hooks)
             self._shim_hooks = None
 
 
