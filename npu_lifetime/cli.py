@@ -63,12 +63,12 @@ def _snapshot(args: argparse.Namespace) -> int:
     runpy.run_path(args.script, run_name="__main__")
     snap, stats = shim.snapshot(), shim.stats()
     if args.json:
-        print(json.dumps({"stats": stats.__dict__, "snapshot": snap}, indent=2))
+        print(json.dumps({"stats": stats, "snapshot": snap}, indent=2))
         return 0
     print(f"runtime {snap['runtime']}, policy {snap['policy']}")
-    print(f"live {stats.live_blocks} blocks / {stats.live_bytes} B, cached {stats.cached_blocks} / "
-          f"{stats.cached_bytes} B, pending {stats.pending_blocks} / {stats.pending_bytes} B, "
-          f"reserved {stats.reserved_bytes} B (peak {stats.peak_reserved_bytes} B)")
+    print(f"live {stats['allocation.all.current']} blocks / {stats['allocated_bytes.all.current']} B, "
+          f"pending {stats['pending.all.current']} / {stats['pending_bytes.all.current']} B, "
+          f"reserved {stats['reserved_bytes.all.current']} B (peak {stats['reserved_bytes.all.peak']} B)")
     for seg in snap["segments"]:
         print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} ({seg['pool']})")
         for b in seg["blocks"]:
@@ -78,7 +78,7 @@ def _snapshot(args: argparse.Namespace) -> int:
             if b["use_events"]:
                 extra += " use events " + ",".join(f"{e['stream']:#x}" for e in b["use_events"])
             if b["held_events"]:
-                extra += f" waiting on {b['held_events']} event(s)"
+                extra += f" waiting on {len(b['held_events'])} event(s)"
             print(f"  {b['address']:#x} {b['size']:>10} B {b['state']:<8}{extra}")
     return 0
 
