@@ -96,3 +96,53 @@ def test_runtime_selection_errors(sim_shim):
         sim_shim.select_runtime("tpu")
     with pytest.raises(ValueError, match="unknown policy"):
         sim_shim.set_policy("eventually")
+
+
+def test_a_stale_double_free_after_a_new_owner_does_not_free_the_new_block(sim_shim):
+    p = sim_shim.alloc(1000, 0, S1)
+    sim_shim.free(p, 1000, 0, S1)
+    q = sim_shim.alloc(2000, 0, S1)
+    assert q == p  # the address went to a new owner
+    sim_shim.free(p, 1000, 0, S1)  # the first owner frees again
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["address"], f["generation"]) == ("double_free", p, 2)
+    assert "new owner" in f["detail"]
+    assert sim_shim.stats()["allocation.all.current"] == 1  # q is still live
+    r = sim_shim.alloc(2000, 0, S1)
+    assert r != q  # and never handed out twice
+    sim_shim.free(q, 2000, 0, S1)
+    assert sim_shim.findings() == []
+
+
+def test_a_double_free_after_a_merge_is_a_double_free(sim_shim):
+    p = sim_shim.alloc(1000, 0, S1)
+    r = sim_shim.alloc(1000, 0, S1)
+    sim_shim.free(r, 1000, 0, S1)
+    sim_shim.free(p, 1000, 0, S1)  # p and r merge into one cached block at p
+    sim_shim.free(r, 1000, 0, S1)
+    [f] = sim_shim.findings()
+    assert f["kind"] == "double_free" and f["address"] == r
+
+
+def test_a_free_of_an_interior_address_frees_nothing(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(p + 512, 4096, 0, S1)
+    [f] = sim_shim.findings()
+    assert f["kind"] == "interior_pointer"
+    assert sim_shim.stats()["allocation.all.current"] == 1
+
+
+def test_a_free_with_another_stream_is_reported(sim_shim):
+    p = sim_shim.alloc(64, 0, S1)
+    sim_shim.free(p, 64, 0, S2)
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["stream"], f["alloc_stream"]) == ("stream_mismatch", S2, S1)
+
+
+def test_lifetime_calls_accept_a_view_address(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    assert sim_shim.record_use(p + 1024, S2)
+    assert sim_shim.record_stream(p + 4000, S2)
+    sim_shim.free(p, 4096, 0, S1)
+    assert sim_shim.findings() == []
+    assert sim_shim.stats()["pending.all.current"] == 1
