@@ -93,6 +93,7 @@ void npl_free_string(char* s);
  * NULL/"auto" (a CUDA or ACL runtime already loaded in the process, else sim).
  * Only while no segment is held.  Returns 0, or -1 with npl_last_error(). */
 int npl_select_runtime(const char* name, const char* library_path);
+int npl_probe_runtime(const char* name, const char* library_path); /* would select succeed? changes nothing */
 const char* npl_runtime_name(void);
 const char* npl_last_error(void);
 const char* npl_last_oom_message(void); /* this thread's last failed allocation, or "" */

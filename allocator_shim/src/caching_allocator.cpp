@@ -119,6 +119,11 @@ const Runtime* CachingAllocator::runtime() const {
     return rt_;
 }
 
+bool CachingAllocator::holds_memory() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !segments_.empty();
+}
+
 void CachingAllocator::set_policy(Policy p) {
     std::lock_guard<std::mutex> lock(mu_);
     policy_ = p;

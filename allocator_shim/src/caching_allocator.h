@@ -40,6 +40,7 @@ class CachingAllocator {
     // Chooses the runtime; fails (returns false) while segments are held.
     bool set_runtime(const Runtime* runtime, std::string* why);
     const Runtime* runtime() const;
+    bool holds_memory() const;
 
     void* allocate(ssize_t size, int device, Stream stream);
     void free(void* ptr, ssize_t size, int device, Stream stream);

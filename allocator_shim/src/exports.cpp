@@ -254,25 +254,49 @@ NPL_EXPORT void npl_set_trace(int enabled, size_t capacity) {
 
 NPL_EXPORT void npl_free_string(char* s) { std::free(s); }
 
+namespace {
+
+// The runtime `name` names (loading it), or nullptr with `why`.
+const npl::Runtime* find_runtime(const char* name, const char* library_path, std::string* why) {
+    std::string which = name ? name : "auto";
+    const npl::Runtime* rt = nullptr;
+    if (which == "cuda") {
+        rt = npl::cuda_runtime(why);
+    } else if (which == "acl") {
+        rt = npl::acl_runtime(library_path, why);
+    } else if (which == "sim") {
+        rt = npl::sim_runtime();
+    } else if (which == "auto") {
+        std::string ignored;
+        if (npl::library_loaded("libcudart", nullptr)) rt = npl::cuda_runtime(&ignored);
+        if (rt == nullptr && npl::library_loaded("libascendcl", nullptr)) rt = npl::acl_runtime(nullptr, &ignored);
+        if (rt == nullptr) rt = npl::sim_runtime();
+    } else {
+        *why = "unknown runtime '" + which + "' (expected cuda, acl, sim or auto)";
+    }
+    return rt;
+}
+
+}  // namespace
+
+NPL_EXPORT int npl_probe_runtime(const char* name, const char* library_path) {
+    return guarded("probe_runtime", -1, [&] {
+        std::string why;
+        const npl::Runtime* rt = find_runtime(name, library_path, &why);
+        const npl::Runtime* current = shim().allocator.runtime();
+        if (rt != nullptr && current != nullptr && current != rt && shim().allocator.holds_memory()) {
+            rt = nullptr;
+            why = std::string("the shim holds memory of the ") + current->name + " runtime";
+        }
+        if (rt == nullptr) set_error(why);
+        return rt == nullptr ? -1 : 0;
+    });
+}
+
 NPL_EXPORT int npl_select_runtime(const char* name, const char* library_path) {
     return guarded("select_runtime", -1, [&] {
-        std::string which = name ? name : "auto";
         std::string why;
-        const npl::Runtime* rt = nullptr;
-        if (which == "cuda") {
-            rt = npl::cuda_runtime(&why);
-        } else if (which == "acl") {
-            rt = npl::acl_runtime(library_path, &why);
-        } else if (which == "sim") {
-            rt = npl::sim_runtime();
-        } else if (which == "auto") {
-            std::string ignored;
-            if (npl::library_loaded("libcudart", nullptr)) rt = npl::cuda_runtime(&ignored);
-            if (rt == nullptr && npl::library_loaded("libascendcl", nullptr)) rt = npl::acl_runtime(nullptr, &ignored);
-            if (rt == nullptr) rt = npl::sim_runtime();
-        } else {
-            why = "unknown runtime '" + which + "' (expected cuda, acl, sim or auto)";
-        }
+        const npl::Runtime* rt = find_runtime(name, library_path, &why);
         if (rt == nullptr || !shim().allocator.set_runtime(rt, &why)) {
             set_error(why);
             return -1;

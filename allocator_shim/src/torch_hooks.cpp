@@ -10,14 +10,22 @@
 //   set_begin_allocate_to_pool void(int, MempoolId_t, std::function<bool(cudaStream_t)>)
 //   set_end_allocate_to_pool_fn void(int, MempoolId_t)
 //   set_release_pool           void(int, MempoolId_t)
-// torch_npu's NPUPluggableAllocator adds
+// torch_npu's NPUPluggableAllocator (torch_npu/csrc/npu/Module.cpp) has
 //   set_reset_fn               void(bool)               (torch.npu.empty_cache)
-//   set_erase_stream_fn        void(void*, aclrtStream)
+//   set_record_stream_fn       void(void*, c10_npu::NPUStream)
+//   set_erase_stream_fn        void(void*, c10_npu::NPUStream)
+// NPUStream has a user-declared destructor, so it is passed by invisible
+// reference: the hook receives a pointer to its 16 bytes (a c10::Stream:
+// device type, device index at byte 1, stream id).  Its aclrtStream comes
+// from torch_npu's exported NPUStream::stream() const, whose address
+// install("npu") hands to npl_set_npu_stream_resolver.
 //
 // MempoolId_t is std::pair<unsigned long long, unsigned long long>; the
 // std::function is libstdc++'s, as torch's (both built with g++).  These are
 // C++ functions with C linkage (found with dlsym); like the C ABI, none lets
 // an exception escape.
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <utility>
 
@@ -34,7 +42,44 @@ using CudaStreamFilter = std::function<bool(CUstream_st*)>;
 
 npl::PoolId pool_id(MempoolId id) { return npl::PoolId{id.first, id.second}; }
 
+using NpuStreamResolver = void* (*)(const void* npu_stream);
+std::atomic<NpuStreamResolver> npu_stream_resolver{nullptr};
+
+// The aclrtStream and device of a c10_npu::NPUStream, or false.
+bool npu_stream(const void* npu_stream, void** handle, int* device) {
+    NpuStreamResolver resolve = npu_stream_resolver.load();
+    if (resolve == nullptr || npu_stream == nullptr) {
+        npl::internal_error("npu_stream", "no NPUStream resolver: install('npu') sets it");
+        return false;
+    }
+    *device = static_cast<int8_t>(static_cast<const unsigned char*>(npu_stream)[1]);
+    *handle = resolve(npu_stream);
+    return true;
+}
+
 }  // namespace
+
+NPL_EXPORT void npl_set_npu_stream_resolver(void* fn) {
+    npu_stream_resolver.store(reinterpret_cast<NpuStreamResolver>(fn));
+}
+
+NPL_EXPORT void npl_torch_npu_record_stream(void* ptr, const void* stream) {
+    npl::guarded("npu_record_stream", 0, [&] {
+        void* handle = nullptr;
+        int device = -1;
+        if (npu_stream(stream, &handle, &device)) npl_record_stream_device(ptr, handle, device);
+        return 0;
+    });
+}
+
+NPL_EXPORT void npl_torch_npu_erase_stream(void* ptr, const void* stream) {
+    npl::guarded("npu_erase_stream", 0, [&] {
+        void* handle = nullptr;
+        int device = -1;
+        if (npu_stream(stream, &handle, &device)) npl_erase_stream(ptr, handle);
+        return 0;
+    });
+}
 
 NPL_EXPORT void npl_torch_init(int device_count) { npl_init(device_count); }
 
@@ -47,8 +92,6 @@ NPL_EXPORT void npl_torch_set_memory_fraction(double fraction, int device) { npl
 NPL_EXPORT void* npl_torch_base_alloc(void* ptr, size_t* size) { return npl_base_allocation(ptr, size); }
 
 NPL_EXPORT void npl_torch_record_stream(void* ptr, void* stream) { npl_record_stream(ptr, stream); }
-
-NPL_EXPORT void npl_torch_erase_stream(void* ptr, void* stream) { npl_erase_stream(ptr, stream); }
 
 NPL_EXPORT void npl_torch_begin_allocate_to_pool(int device, MempoolId id, CudaStreamFilter filter) {
     npl::guarded("begin_allocate_to_pool", 0, [&] {

@@ -29,6 +29,13 @@ def select_runtime(name: str = "auto", library_path: Optional[str] = None) -> No
         raise ShimError(f"cannot select runtime {name!r}: {lib.npl_last_error().decode()}")
 
 
+def probe_runtime(name: str, library_path: Optional[str] = None) -> None:
+    """Raises ShimError if ``select_runtime(name)`` would fail; changes nothing."""
+    lib = library()
+    if lib.npl_probe_runtime(name.encode(), library_path.encode() if library_path else None) != 0:
+        raise ShimError(f"cannot use runtime {name!r}: {lib.npl_last_error().decode()}")
+
+
 def runtime_name() -> str:
     return library().npl_runtime_name().decode()
 

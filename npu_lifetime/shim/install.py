@@ -1,6 +1,9 @@
 """Installs the shim as the process allocator of ``cuda`` or ``npu`` through
-the framework's pluggable-allocator API, and routes ``Tensor.record_stream``
-to it (a pluggable allocator otherwise accepts the call and drops it)."""
+the framework's pluggable-allocator API, with every hook the allocator
+object offers wired to the shim (record_stream from Python or C++,
+erase_stream, empty_cache, the memory fraction, graph-capture pools), the
+torch bridge for out-of-memory errors, and torch's memory functions routed
+to the shim's statistics (``torch_api.py``)."""
 from __future__ import annotations
 
 import warnings
@@ -8,12 +11,28 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import api
-from .native import library_path
+from .native import library_path, symbol_address
 
+# device: (shim runtime, {allocator-object setter: shim entry point})
 _DEVICES = {
-    # device: (runtime, dispatch key of the device's tensors)
-    "cuda": ("cuda", "CUDA"),
-    "npu": ("acl", "PrivateUse1"),
+    "cuda": ("cuda", {
+        "set_init_fn": "npl_torch_init",
+        "set_reset_fn": "npl_torch_empty_cache",
+        "set_memory_fraction_fn": "npl_torch_set_memory_fraction",
+        "set_base_alloc_fn": "npl_torch_base_alloc",
+        "set_record_stream_fn": "npl_torch_record_stream",
+        "set_begin_allocate_to_pool": "npl_torch_begin_allocate_to_pool",
+        "set_end_allocate_to_pool_fn": "npl_torch_end_allocate_to_pool",
+        "set_release_pool": "npl_torch_release_pool",
+    }),
+    "npu": ("acl", {
+        "set_init_fn": "npl_torch_init",
+        "set_reset_fn": "npl_torch_npu_empty_cache",  # void(bool) on torch_npu
+        "set_memory_fraction_fn": "npl_torch_set_memory_fraction",
+        "set_base_alloc_fn": "npl_torch_base_alloc",
+        "set_record_stream_fn": "npl_torch_npu_record_stream",  # void(void*, NPUStream)
+        "set_erase_stream_fn": "npl_torch_npu_erase_stream",
+    }),
 }
 
 
@@ -26,11 +45,13 @@ class Installed:
     device: str
     runtime: str
     policy: str
+    debug: bool
     library: str
+    bridge: Optional[str]  # the torch bridge raising torch.OutOfMemoryError, if built
+    hooks: tuple  # the allocator-object setters wired to the shim
 
 
 _installed: Optional[Installed] = None
-_record_stream_library = None  # keeps the aten::record_stream override registered
 
 
 def installed() -> Optional[Installed]:
@@ -38,40 +59,74 @@ def installed() -> Optional[Installed]:
     return _installed
 
 
-def install(device: str = "cuda", policy: str = "poll") -> Installed:
+def install(
+    device: str = "cuda",
+    policy: str = api.DEFAULT_POLICY,
+    debug: bool = False,
+    quarantine_bytes: int = api.DEFAULT_QUARANTINE_BYTES,
+) -> Installed:
     """Makes the shim the allocator of ``device`` ("cuda" or "npu").
 
     Must run before the device allocates anything: the frameworks refuse to
-    swap an allocator once it has been used.  ``policy`` is "poll" (a freed
-    block waiting on events is reused once they fired) or "stream_wait" (it
-    is reused at once, the allocating stream waiting on the events).
+    swap an allocator once it has been used.  ``policy``: "lazy_wait" (the
+    default: a freed block is reused at once, the allocating stream waiting
+    GPU-side on record_use events still pending), "poll" or "stream_wait".
+    ``debug=True`` poisons freed blocks and quarantines them (see
+    ``npu_lifetime.shim.api.set_debug``).  A call that fails changes nothing.
     """
     global _installed
-    if device not in _DEVICES:
-        raise ValueError(f"device must be one of {sorted(_DEVICES)}, not {device!r}")
+    _check_arguments(device, policy, debug, quarantine_bytes)
     if _installed is not None:
-        if _installed.device == device:
-            api.set_policy(policy)
-            _installed = Installed(device, _installed.runtime, policy, _installed.library)
-            return _installed
-        raise InstallError(f"the shim is already installed for {_installed.device}")
-    runtime, dispatch_key = _DEVICES[device]
-    api.select_runtime(runtime)
-    api.set_policy(policy)
-    path = str(library_path())
+        if _installed.device != device:
+            raise InstallError(f"the shim is already installed for {_installed.device}; one device per process")
+        _configure(policy, debug, quarantine_bytes)
+        _installed = Installed(device, _installed.runtime, policy, debug, _installed.library, _installed.bridge,
+                               _installed.hooks)
+        return _installed
+    runtime, setters = _DEVICES[device]
     memory = _device_memory_module(device)
-    allocator_class = memory.CUDAPluggableAllocator if device == "cuda" else memory.NPUPluggableAllocator
     try:
-        memory.change_current_allocator(allocator_class(path, "npl_alloc", "npl_free"))
+        api.probe_runtime(runtime)
+    except api.ShimError as err:
+        raise InstallError(f"cannot install the shim for {device}: {err}") from err
+    bridge = _bridge()
+    allocator, wired = _pluggable_allocator(device, memory, bridge, setters)
+    try:
+        memory.change_current_allocator(allocator)
     except RuntimeError as err:
         raise InstallError(
             f"cannot install the shim for {device}: the {device} allocator was already used "
             f"in this process ({err}). Call npu_lifetime.install() before any {device} tensor, "
             "stream or memory call."
         ) from err
-    _route_record_stream(device, dispatch_key)
-    _installed = Installed(device, runtime, policy, path)
+    api.select_runtime(runtime)
+    _configure(policy, debug, quarantine_bytes)
+    if device == "cuda":
+        from . import torch_api
+
+        torch_api.route_cuda_memory_functions()
+    else:
+        from . import npu_queue
+
+        npu_queue.connect_stream_resolver()
+    _installed = Installed(device, runtime, policy, debug, str(library_path()), str(bridge) if bridge else None, wired)
     return _installed
+
+
+def _check_arguments(device, policy, debug, quarantine_bytes) -> None:
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {sorted(_DEVICES)}, not {device!r}")
+    if policy not in api.POLICIES:
+        raise ValueError(f"policy must be one of {sorted(api.POLICIES)}, not {policy!r}")
+    if not isinstance(debug, bool):
+        raise TypeError(f"debug must be True or False, not {debug!r}")
+    if not isinstance(quarantine_bytes, int) or quarantine_bytes < 0:
+        raise ValueError(f"quarantine_bytes must be a non-negative int, not {quarantine_bytes!r}")
+
+
+def _configure(policy: str, debug: bool, quarantine_bytes: int) -> None:
+    api.set_policy(policy)
+    api.set_debug(debug, quarantine_bytes)
 
 
 def _device_memory_module(device: str):
@@ -79,13 +134,50 @@ def _device_memory_module(device: str):
         import torch
 
         if not torch.cuda.is_available():
-            raise InstallError("install('cuda') needs a CUDA device; none is available")
+            raise InstallError("install('cuda') needs a CUDA device; none is available on this machine")
         return torch.cuda.memory
     try:
         import torch_npu
     except ImportError as err:
         raise InstallError("install('npu') needs torch_npu, which is not installed") from err
+    from . import npu_queue
+
+    npu_queue.check_supported()
     return torch_npu.npu.memory
+
+
+def _bridge():
+    """The torch bridge's path, or None (with a warning) when it can't be built."""
+    from . import bridge
+
+    try:
+        path = bridge.build()
+        bridge.connect(path)
+        return path
+    except bridge.BridgeUnavailable as err:
+        warnings.warn(
+            f"npu_lifetime: {err}; without the torch bridge an allocation the shim cannot serve returns "
+            "address 0 instead of raising torch.OutOfMemoryError (the shim's out_of_memory finding still says why)",
+            RuntimeWarning, stacklevel=3,
+        )
+        return None
+
+
+def _pluggable_allocator(device: str, memory, bridge, setters: dict):
+    """The framework's pluggable allocator over the shim (through the bridge
+    when there is one), with every setter the allocator object offers wired."""
+    allocator_class = memory.CUDAPluggableAllocator if device == "cuda" else memory.NPUPluggableAllocator
+    if bridge is not None:
+        allocator = allocator_class(str(bridge), "npl_bridge_alloc", "npl_bridge_free")
+    else:
+        allocator = allocator_class(str(library_path()), "npl_alloc", "npl_free")
+    raw = allocator.allocator()
+    wired = []
+    for setter, entry in setters.items():
+        if hasattr(raw, setter):
+            getattr(raw, setter)(symbol_address(entry))
+            wired.append(setter)
+    return allocator, tuple(wired)
 
 
 def device_stream(device: str, stream) -> object:
@@ -109,19 +201,3 @@ def stream_handle(stream) -> int:
     if handle is None:
         handle = stream.npu_stream
     return int(handle)
-
-
-def _route_record_stream(device: str, dispatch_key: str) -> None:
-    import torch
-
-    global _record_stream_library
-
-    def record_stream(tensor, stream):
-        handle = stream_handle(device_stream(device, stream))
-        api.record_stream(tensor.untyped_storage().data_ptr(), handle)
-
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-        lib.impl("record_stream", record_stream, dispatch_key)
-    _record_stream_library = lib

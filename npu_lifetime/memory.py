@@ -1,0 +1,125 @@
+"""torch's memory functions, with torch's names and meanings, for the shim.
+
+Under a pluggable allocator torch's own ``torch.cuda.memory_stats()``,
+``max_memory_allocated()``, ``memory_snapshot()``... raise; after
+``npu_lifetime.install("cuda")`` they are routed here (see
+``npu_lifetime.shim.torch_api``), and these work on every device, the
+simulated runtime included.  Statistics use torch's keys where the meaning
+is the same ("allocated_bytes.all.current", "active_bytes.all.peak",
+"reserved_bytes.all.current", "num_alloc_retries", "num_ooms", ...) plus the
+shim's own ("pending_bytes.*": freed blocks waiting for other streams'
+events; "waiting_bytes.*": cached blocks reused behind a GPU-side wait;
+"events_recorded", "stream_waits", "findings", ...):
+``npu_lifetime.shim.stat_meanings()`` explains each.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional
+
+from .shim import api
+
+
+def _device_index(device) -> int:
+    if device is None:
+        from .shim.install import installed
+
+        setup = installed()
+        if setup is not None:
+            import torch
+
+            module = torch.cuda if setup.device == "cuda" else getattr(torch, "npu")
+            return module.current_device()
+        return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None and isinstance(device, str):
+        import torch
+
+        index = torch.device(device).index
+    return 0 if index is None else int(index)
+
+
+def memory_stats(device=None) -> "OrderedDict[str, int]":
+    """Every statistic of ``device``, flat and sorted, as ``torch.cuda.memory_stats``."""
+    return OrderedDict(sorted(api.stats(_device_index(device)).items()))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """``memory_stats`` nested at the dots, as torch's allocator reports them."""
+    nested: dict = {}
+    for key, value in api.stats(_device_index(device)).items():
+        node = nested
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def _stat(name: str, device) -> int:
+    return api.stats(_device_index(device))[name]
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of live tensors (rounded block sizes), as ``torch.cuda.memory_allocated``."""
+    return _stat("allocated_bytes.all.current", device)
+
+
+def max_memory_allocated(device=None) -> int:
+    return _stat("allocated_bytes.all.peak", device)
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes of segments the shim holds from the runtime."""
+    return _stat("reserved_bytes.all.current", device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return _stat("reserved_bytes.all.peak", device)
+
+
+def memory_pending(device=None) -> int:
+    """Bytes freed but held until other streams' events fire (the shim's own)."""
+    return _stat("pending_bytes.all.current", device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    api.reset_peak(_device_index(device))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    api.reset_accumulated(_device_index(device))
+
+
+def empty_cache() -> None:
+    """Returns the shim's free segments to the runtime."""
+    api.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    api.set_memory_fraction(fraction, _device_index(device))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    return api.memory_fraction(_device_index(device))
+
+
+def memory_snapshot(include_traces: bool = False) -> list:
+    """The shim's segments in the format of ``torch.cuda.memory_snapshot()``."""
+    from .viz import torch_snapshot
+
+    return torch_snapshot.from_shim(api.snapshot(), trace=api.trace() if include_traces else None)["segments"]
+
+
+__all__ = [
+    "empty_cache", "get_per_process_memory_fraction", "max_memory_allocated", "max_memory_reserved",
+    "memory_allocated", "memory_pending", "memory_reserved", "memory_snapshot", "memory_stats",
+    "memory_stats_as_nested_dict", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "reset_peak_memory_stats", "set_per_process_memory_fraction",
+]

@@ -1,0 +1,101 @@
+"""The shim under threads, at exit and across fork(): hooks set and cleared
+while 8 threads allocate (allocator_shim/tests/hook_stress.c), a process
+that exits with the sanitizer's hooks set and blocks still live, and a
+forked child allocating while its parent's threads held the shim's locks."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from npu_lifetime.shim import library_path
+
+
+@pytest.fixture(scope="session")
+def hook_stress(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("stress") / "hook_stress"
+    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
+                    "allocator_shim/tests/hook_stress.c", "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+def test_hooks_replaced_while_8_threads_allocate_never_run_stale(hook_stress):
+    done = subprocess.run([str(hook_stress), str(library_path()), "20000"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["faults"] == 0 and result["hook_calls"] > 0
+
+
+def _run_python(code: str, timeout: float = 60, env=None):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+@pytest.fixture(scope="session")
+def exit_free_library(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("exit") / "libexitfree.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "allocator_shim/tests/exit_free.c",
+                    "-o", str(out)], check=True)
+    return out
+
+
+def test_a_free_after_interpreter_exit_with_hooks_set_is_clean(exit_free_library):
+    # Before the hooks were cleared at exit this died with SIGSEGV: the
+    # free called the sanitizer's Python hook in a finalised interpreter.
+    done = _run_python(f"""
+        import ctypes
+        from npu_lifetime import shim
+        from npu_lifetime.shim import hooks
+        from npu_lifetime.shim.native import symbol_address
+        shim.select_runtime("sim")
+        seen = []
+        hooks.subscribe(lambda *a: seen.append(a), lambda *a: seen.append(a))
+        lib = ctypes.CDLL({str(exit_free_library)!r})
+        lib.free_at_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.free_at_exit(symbol_address("npl_free"), shim.alloc(4096, 0, 0x10))
+        assert len(seen) == 1
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_forked_child_can_allocate_while_parent_threads_were_inside_the_shim():
+    done = _run_python("""
+        import os, threading
+        from npu_lifetime import shim
+        shim.select_runtime("sim")
+        stop = False
+
+        def churn(stream):
+            while not stop:
+                p = shim.alloc(4096, 0, stream)
+                shim.record_use(p, stream + 1)
+                shim.free(p, 4096, 0, stream)
+
+        threads = [threading.Thread(target=churn, args=(0x100 * (i + 1),)) for i in range(8)]
+        for t in threads:
+            t.start()
+        children = []
+        for _ in range(10):
+            pid = os.fork()
+            if pid == 0:
+                p = shim.alloc(1 << 20, 0, 0x77)
+                shim.free(p, 1 << 20, 0, 0x77)
+                os._exit(0 if p else 3)
+            children.append(pid)
+        codes = [os.waitpid(pid, 0)[1] for pid in children]
+        stop = True
+        for t in threads:
+            t.join()
+        assert codes == [0] * 10, codes
+    """, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
