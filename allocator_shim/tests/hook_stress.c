@@ -8,6 +8,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -81,6 +82,8 @@ int main(int argc, char** argv) {
         if (i % 3 == 2) set_hooks(NULL, NULL, NULL);
         else set_hooks(c->which ? alloc1 : alloc0, c->which ? free1 : free0, c);
         if (i % 3 == 2) { free(c); continue; }
+        /* give the workers a moment inside this hook set */
+        for (int spin = 0; spin < 2000 && atomic_load(&c->calls) == 0; spin++) sched_yield();
         /* replace it: once set_hooks returns no thread is inside c's hooks */
         set_hooks(NULL, NULL, NULL);
         calls += atomic_load(&c->calls);
