@@ -4,6 +4,7 @@ loaded with ctypes and by the frameworks' pluggable-allocator APIs; it needs
 no torch, CUDA or CANN headers."""
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from setuptools.command.build_ext import build_ext
 
 SHIM = Path("allocator_shim")
 SOURCES = sorted(str(p) for p in (SHIM / "src").glob("*.cpp"))
+# built at install() time against the user's torch (npu_lifetime/shim/bridge.py)
+TORCH_BRIDGE = SHIM / "torch_bridge" / "oom_bridge.cpp"
 HEADERS = sorted(str(p) for p in SHIM.glob("*/*.h"))
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]
 
@@ -24,9 +27,10 @@ class BuildShim(build_ext):
         cmd = [*cxx, *FLAGS, f"-I{SHIM / 'include'}", *ext.sources, "-o", str(out), "-ldl", "-lpthread"]
         print(" ".join(cmd))
         subprocess.check_call(cmd)
+        shutil.copy(TORCH_BRIDGE, out.parent / TORCH_BRIDGE.name)
 
 
 setup(
-    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=HEADERS)],
+    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, str(TORCH_BRIDGE)])],
     cmdclass={"build_ext": BuildShim},
 )

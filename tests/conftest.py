@@ -41,6 +41,11 @@ def fake_acl_library(tmp_path_factory):
     lib.fake_acl_set_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fake_acl_set_memory_limit.argtypes = [ctypes.c_uint64]
     lib.fake_acl_in_use.restype = ctypes.c_uint64
+    lib.fake_acl_launch.argtypes = [ctypes.c_void_p]
+    lib.fake_acl_kernels_pending.argtypes = [ctypes.c_void_p]
+    lib.fake_acl_kernels_pending.restype = ctypes.c_uint64
+    lib.fake_npu_stream_handle.argtypes = [ctypes.c_void_p]
+    lib.fake_npu_stream_handle.restype = ctypes.c_void_p
     return out, lib
 
 
@@ -50,6 +55,9 @@ def acl_shim(fake_acl_library):
     shim.reset()
     shim.select_runtime("acl", str(path))
     shim.set_policy("poll")
+    lib.fake_acl_set_task_queue(0)
+    lib.fake_acl_reset_counters()
     yield lib
+    lib.fake_acl_set_task_queue(0)
     shim.reset()
     shim.select_runtime("sim")

@@ -6,6 +6,12 @@
  * an event completes when the test calls fake_acl_complete(stream).
  * Arguments are checked the way the real runtime documents them, so a
  * wrong signature or status code in the shim fails a test.
+ *
+ * It also plays two parts of torch_npu: its task queue (with the queue on,
+ * fake_acl_launch holds a kernel on the host until fake_acl_flush submits
+ * it, as torch_npu's launch thread does), and NPUStream::stream()
+ * (fake_npu_stream_handle reads a 16-byte c10::Stream: device index at
+ * byte 1, stream id at bytes 8-15, which here is the aclrtStream itself).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -32,7 +38,7 @@ typedef void* aclmdlRI;
 
 #define EXPORT __attribute__((visibility("default")))
 
-struct stream_state { aclrtStream handle; uint64_t queued, completed, waits; int capturing; };
+struct stream_state { aclrtStream handle; uint64_t queued, completed, waits, on_host, last_kernel; int capturing; };
 struct event_state { int live; aclrtStream stream; uint64_t position; int recorded; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -43,6 +49,7 @@ static uint64_t in_use = 0, limit = 0;
 static uint64_t n_malloc = 0, n_free = 0, n_record = 0, n_query = 0, n_wait = 0, n_capture_info = 0;
 static uint64_t n_sync_event = 0, n_sync_device = 0;
 static int last_policy = -1;
+static int task_queue = 0;
 
 /* ACL's NULL stream is the default stream: slot 0. */
 static struct stream_state* stream_of(aclrtStream s) {
@@ -251,9 +258,60 @@ EXPORT void fake_acl_set_capturing(aclrtStream stream, int capturing) {
 }
 
 EXPORT void fake_acl_set_memory_limit(uint64_t bytes) { limit = bytes; }
+
+/* torch_npu's task queue: with it on, a launched kernel waits on the host. */
+EXPORT void fake_acl_set_task_queue(int on) { task_queue = on; }
+
+EXPORT void fake_acl_launch(aclrtStream stream) {
+    pthread_mutex_lock(&mu);
+    struct stream_state* s = stream_of(stream);
+    if (s) {
+        if (task_queue) s->on_host++;
+        else s->last_kernel = ++s->queued;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+EXPORT void fake_acl_flush(void) {
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_STREAMS; i++) {
+        if (streams[i].on_host == 0) continue;
+        streams[i].queued += streams[i].on_host;
+        streams[i].last_kernel = streams[i].queued;
+        streams[i].on_host = 0;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* Kernels of `stream` that have run on the device: all submitted ones, once completed. */
+EXPORT uint64_t fake_acl_kernels_pending(aclrtStream stream) {
+    pthread_mutex_lock(&mu);
+    struct stream_state* s = stream_of(stream);
+    uint64_t n = s ? s->on_host + (s->last_kernel > s->completed ? 1 : 0) : 0;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* c10_npu::NPUStream::stream() const, on a 16-byte c10::Stream. */
+EXPORT void* fake_npu_stream_handle(const void* npu_stream) {
+    int64_t id;
+    memcpy(&id, (const char*)npu_stream + 8, sizeof id);
+    return (void*)(intptr_t)id;
+}
 EXPORT int32_t fake_acl_current_device(void) { return current_device; }
 EXPORT int fake_acl_last_policy(void) { return last_policy; }
 EXPORT uint64_t fake_acl_in_use(void) { return in_use; }
+
+/* Between tests: counters to zero, no kernel pending anywhere. */
+EXPORT void fake_acl_reset_counters(void) {
+    pthread_mutex_lock(&mu);
+    n_malloc = n_free = n_record = n_query = n_wait = n_capture_info = n_sync_event = n_sync_device = 0;
+    for (int i = 0; i < MAX_STREAMS; i++) {
+        streams[i].on_host = streams[i].last_kernel = 0;
+        streams[i].completed = streams[i].queued;
+    }
+    pthread_mutex_unlock(&mu);
+}
 
 EXPORT uint64_t fake_acl_calls(const char* name) {
     if (!strcmp(name, "aclrtMalloc")) return n_malloc;
