@@ -42,8 +42,13 @@ class AddressBook {
         auto it = map_.find(const_cast<void*>(ptr));
         return it == map_.end() ? nullptr : &it->second;
     }
-    void on_free(Block* b) {
-        Address& a = map_[b->ptr];
+    Address* find(const void* ptr) {
+        auto it = map_.find(const_cast<void*>(ptr));
+        return it == map_.end() ? nullptr : &it->second;
+    }
+    // `a` is find(b->ptr).
+    void on_free(Address* entry, Block* b) {
+        Address& a = *entry;
         a.live = nullptr;
         a.freed = true;
         a.freed_size = b->requested;

@@ -130,6 +130,7 @@ void CachingAllocator::reset() {
     for (Block* b : spare_blocks_) delete b;
     segments_.clear();
     pools_.clear();
+    last_pool_ = nullptr;
     book_.clear();
     pending_.clear();
     deferred_.clear();

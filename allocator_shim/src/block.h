@@ -57,6 +57,48 @@ struct BlockBySize {
     bool operator()(const Block* a, const Block* b) const;
 };
 
+// Node allocator for the pools' ordered sets: nodes are recycled through a
+// free list instead of malloc/free on every cache insert and erase (the
+// allocator's hot path).  Used only under the allocator's lock.
+template <typename T>
+struct RecyclingAllocator {
+    using value_type = T;
+    RecyclingAllocator() = default;
+    template <typename U>
+    RecyclingAllocator(const RecyclingAllocator<U>&) {}
+
+    T* allocate(size_t n) {
+        if (n == 1 && free_list() != nullptr) {
+            Node* node = free_list();
+            free_list() = node->next;
+            return reinterpret_cast<T*>(node);
+        }
+        return static_cast<T*>(::operator new(n * sizeof(T) < sizeof(Node) ? sizeof(Node) : n * sizeof(T)));
+    }
+    void deallocate(T* p, size_t n) {
+        if (n != 1) {
+            ::operator delete(p);
+            return;
+        }
+        Node* node = reinterpret_cast<Node*>(p);
+        node->next = free_list();
+        free_list() = node;
+    }
+    template <typename U>
+    bool operator==(const RecyclingAllocator<U>&) const { return true; }
+    template <typename U>
+    bool operator!=(const RecyclingAllocator<U>&) const { return false; }
+
+   private:
+    struct Node {
+        Node* next;
+    };
+    static Node*& free_list() {
+        static Node* head = nullptr;
+        return head;
+    }
+};
+
 struct Block {
     char* ptr = nullptr;
     size_t size = 0;       // rounded size
@@ -103,7 +145,7 @@ struct Pool {
     Stream stream = nullptr;
     bool small = false;
     PoolId id;
-    std::set<Block*, BlockBySize> blocks;
+    std::set<Block*, BlockBySize, RecyclingAllocator<Block*>> blocks;
 };
 
 struct PoolKey {

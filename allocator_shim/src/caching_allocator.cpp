@@ -148,12 +148,6 @@ bool CachingAllocator::ensure_runtime() {
     return true;
 }
 
-DeviceStats& CachingAllocator::dstats(int device) {
-    size_t i = device < 0 ? 0 : static_cast<size_t>(device);
-    if (i >= stats_.size()) stats_.resize(i + 1);
-    return stats_[i];
-}
-
 bool CachingAllocator::events_frozen(int device) const {
     (void)device;  // a capture on any device may be in global capture mode
     return graph_pools_.any_capture_underway();
@@ -251,7 +245,10 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
 }
 
 Pool* CachingAllocator::pool(const PoolKey& key) {
+    if (last_pool_ != nullptr && key == last_key_) return last_pool_;
     Pool& p = pools_[key];
+    last_key_ = key;
+    last_pool_ = &p;
     if (p.blocks.empty() && p.stream == nullptr) {
         p.device = key.device;
         p.stream = key.stream;
@@ -374,8 +371,18 @@ Block* CachingAllocator::new_block() {
     return b;
 }
 
+// Keeps the vectors' capacity: recycled blocks allocate nothing.
 void CachingAllocator::recycle_block(Block* b) {
+    std::vector<StreamUse> uses = std::move(b->uses);
+    std::vector<HeldEvent> held = std::move(b->held);
+    std::vector<Stream> last_streams = std::move(b->last_streams);
     *b = Block();
+    uses.clear();
+    held.clear();
+    last_streams.clear();
+    b->uses = std::move(uses);
+    b->held = std::move(held);
+    b->last_streams = std::move(last_streams);
     spare_blocks_.push_back(b);
 }
 
@@ -440,13 +447,15 @@ void CachingAllocator::cache_block(Block* b) {
 void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) {
     if (ptr == nullptr) return;  // the zero-byte allocation
     std::lock_guard<std::mutex> lock(mu_);
-    Block* b = book_.live(ptr);
+    Address* a = book_.find(ptr);
+    Block* b = a != nullptr ? a->live : nullptr;
     if (b == nullptr) {
         report_bad_free(ptr, size, device, stream);
         return;
     }
-    if (stale_free(ptr, size, device, stream, b)) return;
-    book_.on_free(b);
+    bool matches = size == static_cast<ssize_t>(b->requested) && stream == b->stream && device == b->device;
+    if (!matches && stale_free(ptr, size, device, stream, b)) return;
+    book_.on_free(a, b);
     DeviceStats& s = dstats(b->device);
     auto n = static_cast<int64_t>(b->size);
     s.add(StatId::allocation, b->small, -1);
@@ -471,8 +480,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
 // block is freed.
 bool CachingAllocator::stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b) {
     bool size_ok = size == static_cast<ssize_t>(b->requested);
-    bool stream_ok = stream == b->stream && device == b->device;
-    if (size_ok && stream_ok) return false;
+    (void)device;
     const Address* a = book_.find(ptr);
     Finding f;
     f.op = "free";

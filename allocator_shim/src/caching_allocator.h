@@ -83,7 +83,12 @@ class CachingAllocator {
    private:
     // All private members run with mu_ held.
     bool ensure_runtime();
-    DeviceStats& dstats(int device);
+    DeviceStats& dstats(int device) {
+        auto i = static_cast<size_t>(device < 0 ? 0 : device);
+        if (__builtin_expect(i < stats_.size(), 1)) return stats_[i];
+        stats_.resize(i + 1);
+        return stats_[i];
+    }
     bool events_frozen(int device) const;  // a capture is underway: no event queries or waits
     bool capturing(Stream stream);
     int device_of(Stream stream, int hint, int fallback);
@@ -147,6 +152,8 @@ class CachingAllocator {
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::lazy_wait;
     std::unordered_map<PoolKey, Pool, PoolKeyHash> pools_;  // nodes are stable: blocks point into it
+    PoolKey last_key_{-1, nullptr, false, PoolId{}};  // the last pool looked up: most allocations repeat it
+    Pool* last_pool_ = nullptr;
     AddressBook book_;
     std::map<char*, Segment*> segments_;
     std::vector<Block*> pending_;
