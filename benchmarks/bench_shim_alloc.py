@@ -1,10 +1,13 @@
 """Allocation cost: the shim against PyTorch's native caching allocator.
 
 1. ``torch.empty(n, device="cuda")`` + ``del`` of a cached size, timed in
-   child processes (the allocator is chosen per process), native and shim
-   alternating, several rounds; medians of per-op microseconds and their
-   ratio.  Needs a CUDA GPU.
-2. ns per ``npl_alloc`` + ``npl_free`` pair called from C
+   child processes (the allocator is chosen per process): native, shim, and
+   shim in debug mode (poison + quarantine), alternating, several rounds;
+   medians of per-op microseconds and their ratio to native.  Needs a GPU.
+2. ``Tensor.record_stream`` per call, same children: native, the shim
+   through torch's record_stream hook (now), and the shim through a Python
+   override of ``aten::record_stream`` (the route before the hook was wired).
+3. ns per ``npl_alloc`` + ``npl_free`` pair called from C
    (allocator_shim/bench/bench_pairs.cpp), on the simulated runtime and,
    when present, the CUDA runtime.
 
@@ -27,13 +30,48 @@ ROOT = Path(__file__).resolve().parent.parent
 SIZES = (4096, 1 << 20, 16 << 20)
 
 
+VARIANTS = ("native", "shim", "shim_debug", "shim_python_override")
+
+
+def _python_record_stream_override() -> None:
+    """The previous route of Tensor.record_stream to the shim: a Python
+    kernel for aten::record_stream (kept here only to measure it)."""
+    import torch
+
+    from npu_lifetime.shim import api
+
+    def record_stream(tensor, stream):
+        api.record_stream(tensor.untyped_storage().data_ptr(), torch.cuda.Stream(
+            stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type).cuda_stream)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("record_stream", record_stream, "CUDA")
+    _python_record_stream_override.lib = lib  # keep it registered
+
+
+def record_stream_cost(iters: int, repeats: int) -> list:
+    import torch
+
+    side = torch.cuda.Stream()
+    x = torch.empty(1024, device="cuda")
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            x.record_stream(side)
+        out.append((time.perf_counter() - t0) / iters * 1e6)
+    return out
+
+
 def child(allocator: str, iters: int, repeats: int) -> None:
     import torch
 
-    if allocator == "shim":
+    if allocator != "native":
         import npu_lifetime
 
-        npu_lifetime.install("cuda")
+        npu_lifetime.install("cuda", debug=allocator == "shim_debug")
+        if allocator == "shim_python_override":
+            _python_record_stream_override()
     torch.cuda.init()
 
     def loop(n: int, count: int) -> float:
@@ -51,13 +89,16 @@ def child(allocator: str, iters: int, repeats: int) -> None:
     for _ in range(repeats):  # sizes interleaved: no size pays for going first
         for size in SIZES:
             out[size].append(loop(size // 4, iters))
+    record_stream_cost(1000, 2)  # warm-up
+    out["record_stream"] = record_stream_cost(iters, repeats)
     print(json.dumps(out))
 
 
-def torch_empty_table(rounds: int, iters: int, repeats: int) -> list:
-    samples = {(a, s): [] for a in ("native", "shim") for s in SIZES}
+def child_table(rounds: int, iters: int, repeats: int) -> dict:
+    keys = [*SIZES, "record_stream"]
+    samples = {(a, k): [] for a in VARIANTS for k in keys}
     for r in range(rounds):
-        order = ("native", "shim") if r % 2 == 0 else ("shim", "native")
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]  # rotate who goes first
         for allocator in order:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", allocator, "--iters", str(iters), "--repeats", str(repeats)],
@@ -65,15 +106,10 @@ def torch_empty_table(rounds: int, iters: int, repeats: int) -> list:
             )
             if done.returncode != 0:
                 raise SystemExit(f"the {allocator} child failed:\n{done.stderr[-3000:]}")
-            for size, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
-                samples[(allocator, int(size))] += values
+            for key, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
+                samples[(allocator, key if key == "record_stream" else int(key))] += values
         print(f"round {r + 1}/{rounds} done", file=sys.stderr)
-    rows = []
-    for size in SIZES:
-        native = statistics.median(samples[("native", size)])
-        shim = statistics.median(samples[("shim", size)])
-        rows.append((size, native, shim, shim / native))
-    return rows
+    return {key: {a: statistics.median(samples[(a, key)]) for a in VARIANTS} for key in keys}
 
 
 def c_pairs(runtime: str, size: int) -> dict | None:
@@ -97,7 +133,7 @@ def c_pairs(runtime: str, size: int) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", choices=["native", "shim"])
+    parser.add_argument("--child", choices=VARIANTS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=11)
@@ -109,14 +145,23 @@ def main() -> None:
     import torch
 
     if not args.skip_torch and torch.cuda.is_available():
-        print(f"torch.empty + del, cached, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-        print(f"{'bytes':>10} {'native us':>10} {'shim us':>10} {'shim/native':>12}")
-        for size, native, shim, ratio in torch_empty_table(args.rounds, args.iters, args.repeats):
-            print(f"{size:>10} {native:>10.3f} {shim:>10.3f} {ratio:>12.3f}")
+        table = child_table(args.rounds, args.iters, args.repeats)
+        print(f"torch.empty + del, cached (medians, us per op), {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print("  columns: native caching allocator, the shim, the shim in debug mode; ratios to native")
+        print(f"{'bytes':>10} {'native':>9} {'shim':>9} {'debug':>9} {'shim/nat':>9} {'debug/nat':>10}")
+        for size in SIZES:
+            m = table[size]
+            print(f"{size:>10} {m['native']:>9.3f} {m['shim']:>9.3f} {m['shim_debug']:>9.3f} "
+                  f"{m['shim'] / m['native']:>9.3f} {m['shim_debug'] / m['native']:>10.3f}")
+        rs = table["record_stream"]
+        print("Tensor.record_stream per call (medians, us): native "
+              f"{rs['native']:.3f}; shim via torch's hook (now) {rs['shim']:.3f}; "
+              f"shim via a Python aten override (before) {rs['shim_python_override']:.3f}")
     elif not args.skip_torch:
         print("torch.empty + del: skipped (no CUDA GPU)")
     print("npl_alloc + npl_free pair from C (median of 9 x 1e6 pairs)")
-    for runtime in ("sim", "cuda"):
+    runtimes = ("sim", "cuda") if not args.skip_torch and torch.cuda.is_available() else ("sim",)
+    for runtime in runtimes:
         for size in (4096, 1 << 20):
             r = c_pairs(runtime, size)
             if r is not None:

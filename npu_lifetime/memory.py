@@ -41,15 +41,28 @@ def _device_index(device) -> int:
     return 0 if index is None else int(index)
 
 
+# torch's keys for what the shim never does: it has no max_split_size, so no
+# block is "oversize" (torch reports -1 for an unset max_split_size).
+_NEVER = {
+    **{f"oversize_{kind}.{field}": 0 for kind in ("allocations", "segments")
+       for field in ("current", "peak", "allocated", "freed")},
+    "max_split_size": -1,
+}
+
+
+def _stats(device) -> dict:
+    return {**api.stats(_device_index(device)), **_NEVER}
+
+
 def memory_stats(device=None) -> "OrderedDict[str, int]":
     """Every statistic of ``device``, flat and sorted, as ``torch.cuda.memory_stats``."""
-    return OrderedDict(sorted(api.stats(_device_index(device)).items()))
+    return OrderedDict(sorted(_stats(device).items()))
 
 
 def memory_stats_as_nested_dict(device=None) -> dict:
     """``memory_stats`` nested at the dots, as torch's allocator reports them."""
     nested: dict = {}
-    for key, value in api.stats(_device_index(device)).items():
+    for key, value in _stats(device).items():
         node = nested
         *path, leaf = key.split(".")
         for part in path:

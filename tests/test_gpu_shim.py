@@ -31,6 +31,16 @@ def test_shim_stream_wait_policy_reuses_at_once_and_stays_correct(mode):
     assert r["reused"] and not r["corrupted"]
 
 
+def test_shim_lazy_wait_reuses_a_record_use_block_at_once_and_stays_correct():
+    r = run_program("shim_programs.py", "handoff", "shim_lazy_wait", "record_use")
+    assert r["reused"] and not r["corrupted"] and r["findings"] == []
+
+
+def test_shim_lazy_wait_holds_a_record_stream_block_as_torch_does():
+    r = run_program("shim_programs.py", "handoff", "shim_lazy_wait", "record_stream")
+    assert not r["reused"] and not r["corrupted"] and r["findings"] == []
+
+
 @pytest.mark.parametrize("mode", ["record_stream", "record_use"])
 def test_native_allocator_with_record_calls(mode):
     r = run_program("shim_programs.py", "handoff", "native", mode)
@@ -47,7 +57,10 @@ def test_install_after_cuda_was_used_is_a_clear_error():
     assert r["error"] == "InstallError" and "before any cuda tensor" in r["message"]
 
 
-def test_out_of_memory_returns_null_and_a_finding():
-    r = run_program("shim_programs.py", "out_of_memory")
-    assert r["ptr"] == 0 and r["tensor_still_fine"]
-    assert [f["kind"] for f in r["findings"]] == ["out_of_memory"]
+@pytest.mark.parametrize("policy", ["lazy_wait", "poll"])
+def test_out_of_memory_is_torchs_error_and_the_program_goes_on(policy):
+    r = run_program("shim_programs.py", "out_of_memory", policy)
+    assert r["bridge"] is not None
+    assert r["error"] is not None and "npu_lifetime shim: out of memory on device 0" in r["error"]
+    assert r["again_ok"] and r["tensor_still_fine"]
+    assert r["ptr"] == 0 and r["findings"] == ["out_of_memory", "out_of_memory"] and r["num_ooms"] == 2

@@ -15,11 +15,12 @@ SLEEP_CYCLES = 1_000_000_000  # ~0.5 s of GPU time: the side stream runs late, f
 N = 1 << 20  # 4 MiB of float32
 
 
+POLICIES = {"shim": "poll", "shim_stream_wait": "stream_wait", "shim_lazy_wait": "lazy_wait"}
+
+
 def install(allocator):
-    if allocator == "shim":
-        npu_lifetime.install("cuda", policy="poll")
-    elif allocator == "shim_stream_wait":
-        npu_lifetime.install("cuda", policy="stream_wait")
+    if allocator in POLICIES:
+        npu_lifetime.install("cuda", policy=POLICIES[allocator])
 
 
 def basic():
@@ -34,7 +35,7 @@ def basic():
         ptrs.add(t.data_ptr())
         del t
     s = shim.stats()
-    return {"rel_error": rel, "distinct_ptrs": len(ptrs), "allocations": s.allocations,
+    return {"rel_error": rel, "distinct_ptrs": len(ptrs), "allocations": s["allocation.all.allocated"],
             "cache_hits": s["cache_hits"], "runtime": shim.runtime_name(), "findings": shim.findings()}
 
 
@@ -94,12 +95,23 @@ def late_install():
     return {"error": None}
 
 
-def out_of_memory():
-    install("shim")
-    free, _ = torch.cuda.mem_get_info()
+def out_of_memory(policy):
+    """A request larger than the GPU: torch.OutOfMemoryError, then the
+    program goes on allocating; the C-level call returns NULL and a finding."""
+    npu_lifetime.install("cuda", policy=policy)
+    free, total = torch.cuda.mem_get_info()
     ok = torch.empty(1024, device="cuda")
-    p = shim.alloc(free * 4, 0, torch.cuda.current_stream().cuda_stream)
-    return {"ptr": p, "findings": shim.findings(), "tensor_still_fine": float(ok.fill_(1).sum()) == 1024.0}
+    try:
+        torch.empty(total // 2 * 3, dtype=torch.uint8, device="cuda")
+        error = None
+    except torch.OutOfMemoryError as err:
+        error = str(err)
+    again = torch.ones(1 << 20, device="cuda")
+    p = shim.alloc(total * 4, 0, torch.cuda.current_stream().cuda_stream)
+    stats = torch.cuda.memory_stats()
+    return {"error": error, "again_ok": float(again.sum()) == float(1 << 20), "ptr": p,
+            "findings": [f["kind"] for f in shim.findings()], "num_ooms": stats["num_ooms"],
+            "tensor_still_fine": float(ok.fill_(1).sum()) == 1024.0, "bridge": npu_lifetime.shim.install.installed().bridge}
 
 
 PROGRAMS = {f.__name__: f for f in (basic, handoff, record_stream_reaches_shim, late_install, out_of_memory)}
