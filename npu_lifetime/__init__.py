@@ -6,11 +6,12 @@ import without torch; ``install`` and ``record_use`` import it on first use.
 __version__ = "0.1.0"
 
 
-def install(device: str = "cuda", policy: str = "poll"):
-    """Installs the allocator shim for ``device`` (see ``npu_lifetime.shim.install``)."""
+def install(device: str = "cuda", **options):
+    """Installs the allocator shim for ``device`` (see ``npu_lifetime.shim.install.install``:
+    ``policy="lazy_wait"``, ``debug=False``, ``quarantine_bytes``)."""
     from .shim.install import install as _install
 
-    return _install(device, policy)
+    return _install(device, **options)
 
 
 def record_use(tensor, stream=None) -> None:

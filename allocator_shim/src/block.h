@@ -115,6 +115,7 @@ struct Block {
     std::vector<StreamUse> uses;
     std::vector<HeldEvent> held;
     std::vector<Stream> last_streams;  // debug mode: the other streams of the last owner
+    bool poisoned = false;             // debug mode: filled with the poison when quarantined
 
     bool split() const { return prev != nullptr || next != nullptr; }
     bool must_fire() const {

@@ -58,7 +58,7 @@ double CachingAllocator::memory_fraction(int device) const {
 // Frees memory step by step, searching the pool again after each step that
 // may have made a cached block fit, and retrying the runtime after each step
 // that gave memory back.  During a capture no event may be queried or
-// waited on: only free segments are given back.
+// waited on and no segment freed: the runtime is only asked again.
 Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream, Status first, int code) {
     int device = p->device;
     if (first != Status::out_of_memory) {
@@ -133,8 +133,10 @@ bool CachingAllocator::segment_releasable(const Segment* seg) const {
     return seg->pool_id.eager() || graph_pools_.freeable(seg->device, seg->pool_id);
 }
 
-// Gives fully free segments back (of `device`, or of every device).
+// Gives fully free segments back (of `device`, or of every device); never
+// while a capture is underway (freeing memory synchronises the device).
 void CachingAllocator::release_free_segments(int device, bool any_device) {
+    if (graph_pools_.any_capture_underway()) return;
     for (auto it = segments_.begin(); it != segments_.end();) {
         Segment* seg = it->second;
         if ((!any_device && seg->device != device) || !segment_releasable(seg)) {

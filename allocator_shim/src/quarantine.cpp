@@ -30,10 +30,14 @@ void CachingAllocator::quarantine(Block* b) {
     s.add(StatId::quarantined, b->small, 1);
     s.add(StatId::quarantined_bytes, b->small, static_cast<int64_t>(b->size));
     int code = 0;
-    if (rt_->memset_async(b->ptr, kPoisonByte, b->size, b->stream, &code) != Status::ok) {
+    // A fill on a capturing stream would become part of the graph: such a
+    // block is quarantined unpoisoned (and not checked).
+    b->poisoned = !graph_pools_.any_capture_underway() && !capturing(b->stream);
+    if (b->poisoned && rt_->memset_async(b->ptr, kPoisonByte, b->size, b->stream, &code) != Status::ok) {
         runtime_error("memset(poison)", code, b, b->stream);
+        b->poisoned = false;
     }
-    trace(TraceKind::poison, b, nullptr);
+    if (b->poisoned) trace(TraceKind::poison, b, nullptr);
     quarantine_.push(b);
     trim_quarantine(false);
 }
@@ -41,6 +45,7 @@ void CachingAllocator::quarantine(Block* b) {
 // Releases the oldest quarantined blocks while over capacity (all of them
 // with `all`), each after a check of its poison.
 void CachingAllocator::trim_quarantine(bool all) {
+    if (graph_pools_.any_capture_underway()) return;  // a check synchronises: after the capture
     while (!quarantine_.empty() && (all || quarantine_.over_capacity())) {
         Block* b = quarantine_.pop_oldest();
         check_poison(b);
@@ -54,6 +59,7 @@ void CachingAllocator::trim_quarantine(bool all) {
 }
 
 void CachingAllocator::check_poison(Block* b) {
+    if (!b->poisoned) return;
     int code = 0;
     if (rt_->stream_synchronize(b->stream, &code) != Status::ok) {
         runtime_error("stream_synchronize(poison check)", code, b, b->stream);

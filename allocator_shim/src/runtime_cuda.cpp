@@ -18,6 +18,7 @@ constexpr cudaError kNotReady = 600;
 constexpr unsigned kEventDisableTiming = 0x02;
 constexpr int kCaptureStatusNone = 0;
 constexpr int kMemcpyDeviceToHost = 2;
+constexpr int kCaptureModeRelaxed = 2;  // cudaStreamCaptureModeRelaxed
 
 struct Api {
     cudaError (*Malloc)(void**, size_t);
@@ -37,7 +38,21 @@ struct Api {
     cudaError (*Memcpy)(void*, const void*, size_t, int);
     cudaError (*MemGetInfo)(size_t*, size_t*);
     cudaError (*GetLastError)();
+    cudaError (*ThreadExchangeStreamCaptureMode)(int*);
 } api;
+
+// Runs a call that is not stream-ordered (cudaMalloc, cudaFree, event
+// creation, ...) in relaxed capture mode, as torch's allocator does: under a
+// global-mode graph capture on any thread these calls would otherwise fail
+// and invalidate the capture.
+template <typename Call>
+cudaError relaxed(Call call) {
+    int mode = kCaptureModeRelaxed;
+    bool exchanged = api.ThreadExchangeStreamCaptureMode(&mode) == kSuccess;
+    cudaError err = call();
+    if (exchanged) api.ThreadExchangeStreamCaptureMode(&mode);
+    return err;
+}
 
 Status status_of(cudaError err, int* code) {
     *code = err;
@@ -56,15 +71,18 @@ Status on_device(int device, int* code, Call call) {
 }
 
 Status cu_malloc(void** ptr, size_t size, int device, int* code) {
-    return on_device(device, code, [&] { return api.Malloc(ptr, size); });
+    return on_device(device, code, [&] { return relaxed([&] { return api.Malloc(ptr, size); }); });
 }
 Status cu_free(void* ptr, int device, int* code) {
-    return on_device(device, code, [&] { return api.Free(ptr); });
+    return on_device(device, code, [&] { return relaxed([&] { return api.Free(ptr); }); });
 }
 Status cu_event_create(Event* event, int device, int* code) {
-    return on_device(device, code, [&] { return api.EventCreateWithFlags(event, kEventDisableTiming); });
+    return on_device(device, code,
+                     [&] { return relaxed([&] { return api.EventCreateWithFlags(event, kEventDisableTiming); }); });
 }
-Status cu_event_destroy(Event event, int, int* code) { return status_of(api.EventDestroy(event), code); }
+Status cu_event_destroy(Event event, int, int* code) {
+    return status_of(relaxed([&] { return api.EventDestroy(event); }), code);
+}
 Status cu_event_record(Event event, Stream stream, int* code) {
     return status_of(api.EventRecord(event, stream), code);
 }
@@ -93,7 +111,7 @@ Status cu_copy_to_host(void* dst, const void* src, size_t size, int device, int*
 }
 Status cu_memory_total(int device, size_t* total, int* code) {
     size_t free_bytes = 0;
-    return on_device(device, code, [&] { return api.MemGetInfo(&free_bytes, total); });
+    return on_device(device, code, [&] { return relaxed([&] { return api.MemGetInfo(&free_bytes, total); }); });
 }
 
 const Runtime kCuda = {"cuda",          cu_malloc,        cu_free,        cu_event_create,  cu_event_destroy,
@@ -122,6 +140,7 @@ bool load(std::string* why) {
     ok &= resolve(h, "cudaMemcpy", &api.Memcpy, why);
     ok &= resolve(h, "cudaMemGetInfo", &api.MemGetInfo, why);
     ok &= resolve(h, "cudaGetLastError", &api.GetLastError, why);
+    ok &= resolve(h, "cudaThreadExchangeStreamCaptureMode", &api.ThreadExchangeStreamCaptureMode, why);
     api.StreamGetDevice = reinterpret_cast<cudaError (*)(void*, int*)>(resolve_symbol(h, "cudaStreamGetDevice"));
     return ok;
 }
