@@ -45,30 +45,58 @@ def _check(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+SNAPSHOT_LEGEND = (
+    "state: live = held by a tensor; pending = freed, reusable once events on other streams fire; "
+    "cached = free for reuse. recorded = record_stream streams; use events = streams with a live "
+    "record_use (or noted-use) event; waiting on = events a pending free still needs."
+)
+
+
 def _snapshot(args: argparse.Namespace) -> int:
     import json
-    import runpy
 
-    from . import shim
-    from .sanitizer.runner import resolve_device
+    from .sanitizer.runner import EXIT_CLEAN, EXIT_SCRIPT_FAILED, EXIT_USAGE, resolve_device
+    from .viz.snapshot import SnapshotError, run_demo, run_script, write_pictures
 
-    device = resolve_device(args.device)
-    if device == "sim":
-        shim.select_runtime("sim")
-    else:
-        from .shim.install import install
-
-        install(device)
-    sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
-    snap, stats = shim.snapshot(), shim.stats()
+    if args.demo == bool(args.script):
+        print("npu-lifetime snapshot: give a script to run, or --demo (not both)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.demo:
+            outcome = run_demo(args.trace_capacity)
+        else:
+            outcome = run_script(args.script, args.args, resolve_device(args.device), args.policy, args.sanitize,
+                                 args.trace_capacity)
+    except SnapshotError as err:
+        print(f"npu-lifetime snapshot: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    rec = outcome.recording
+    prefix = args.out or _default_prefix(args.script)
+    if not args.no_files:
+        write_pictures(outcome, prefix, args.max_events)
     if args.json:
-        print(json.dumps({"stats": stats.__dict__, "snapshot": snap}, indent=2))
-        return 0
-    print(f"runtime {snap['runtime']}, policy {snap['policy']}")
+        print(json.dumps({"stats": rec.stats.__dict__, "snapshot": rec.snapshot, "trace": rec.events,
+                          "shim_findings": rec.shim_findings, "notes": rec.notes}, indent=2))
+    else:
+        _print_snapshot(rec, outcome)
+    return EXIT_SCRIPT_FAILED if outcome.script_failed else EXIT_CLEAN
+
+
+def _default_prefix(script: Optional[str]) -> str:
+    """Beside the script (``train.py`` -> ``train.snapshot``), or in the
+    current directory for the demo."""
+    if not script:
+        return "npu_lifetime_demo.snapshot"
+    return os.path.splitext(script)[0] + ".snapshot"
+
+
+def _print_snapshot(rec, outcome) -> None:
+    snap, stats = rec.snapshot, rec.stats
+    print(f"{rec.source}: runtime {snap['runtime']}, policy {snap['policy']}")
     print(f"live {stats.live_blocks} blocks / {stats.live_bytes} B, cached {stats.cached_blocks} / "
           f"{stats.cached_bytes} B, pending {stats.pending_blocks} / {stats.pending_bytes} B, "
           f"reserved {stats.reserved_bytes} B (peak {stats.peak_reserved_bytes} B)")
+    print(SNAPSHOT_LEGEND)
     for seg in snap["segments"]:
         print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} ({seg['pool']})")
         for b in seg["blocks"]:
@@ -80,7 +108,15 @@ def _snapshot(args: argparse.Namespace) -> int:
             if b["held_events"]:
                 extra += f" waiting on {b['held_events']} event(s)"
             print(f"  {b['address']:#x} {b['size']:>10} B {b['state']:<8}{extra}")
-    return 0
+    for finding in rec.shim_findings:
+        detail = f": {finding['detail']}" if finding.get("detail") else ""
+        print(f"shim finding: {finding.get('kind')} ({finding.get('op')}) at {finding.get('address') or 0:#x}{detail}")
+    for note in rec.notes:
+        print(f"note: {note}")
+    if outcome.pickle_path:
+        print(f"wrote {outcome.pickle_path}: drop it on https://pytorch.org/memory_viz (each block's streams and "
+              "events are in its stack frames; record_use etc. are in the event list)")
+        print(f"wrote {outcome.html_path}: the timeline, one lane per stream (open it in a browser)")
 
 
 def _handoff(args: argparse.Namespace) -> int:
@@ -149,10 +185,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_check)
 
-    p = sub.add_parser("snapshot", help="run a script with the shim and show its blocks at the end")
+    p = sub.add_parser(
+        "snapshot", help="run a script with the shim recording; write a memory-viewer pickle and an HTML timeline",
+        description="Runs SCRIPT with the allocator shim recording its trace, prints the blocks at the end, and "
+                    "writes PREFIX.pickle (PyTorch's memory viewer format) and PREFIX.html (a timeline of block "
+                    "lives per stream). Exit 0, 2 on bad input, 3 if the script failed (the pictures are still "
+                    "written).")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("script")
+    p.add_argument("--policy", default="poll", choices=["poll", "stream_wait"])
+    p.add_argument("--demo", action="store_true", help="run a built-in hand-off on the simulated runtime instead")
+    p.add_argument("--sanitize", action="store_true", help="also run the lifetime sanitizer; its findings are drawn")
+    p.add_argument("--out", metavar="PREFIX", help="where to write (default: beside the script, SCRIPT.snapshot.*)")
+    p.add_argument("--no-files", action="store_true", help="print only; write no pickle or HTML")
+    p.add_argument("--trace-capacity", type=int, default=1 << 20, help="events the shim keeps (default 1048576)")
+    p.add_argument("--max-events", type=int, default=4000, help="trace events drawn in the timeline (the latest)")
+    p.add_argument("--json", action="store_true", help="print the state and trace as JSON instead of text")
+    p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_snapshot)
 
@@ -173,7 +221,7 @@ def main(argv: Optional[list] = None) -> int:
     # a CPU torch without numpy says so at import; it is not ours to report
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     args = _parser().parse_args(argv)
-    for name in ("schedules", "jobs", "max_steps", "max_streams"):
+    for name in ("schedules", "jobs", "max_steps", "max_streams", "trace_capacity", "max_events"):
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
