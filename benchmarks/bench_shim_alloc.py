@@ -110,12 +110,15 @@ def main() -> None:
 
     if not args.skip_torch and torch.cuda.is_available():
         print(f"torch.empty + del, cached, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print("columns: median microseconds per torch.empty + del of a cached size under torch's native caching "
+              "allocator and under the shim; shim/native: their ratio (1.0 = same cost)")
         print(f"{'bytes':>10} {'native us':>10} {'shim us':>10} {'shim/native':>12}")
         for size, native, shim, ratio in torch_empty_table(args.rounds, args.iters, args.repeats):
             print(f"{size:>10} {native:>10.3f} {shim:>10.3f} {ratio:>12.3f}")
     elif not args.skip_torch:
         print("torch.empty + del: skipped (no CUDA GPU)")
-    print("npl_alloc + npl_free pair from C (median of 9 x 1e6 pairs)")
+    print("npl_alloc + npl_free pair from C (median of 9 x 1e6 pairs): nanoseconds per pair, per runtime "
+          "(sim = host memory; cuda only where a GPU is present)")
     for runtime in ("sim", "cuda"):
         for size in (4096, 1 << 20):
             r = c_pairs(runtime, size)

@@ -144,15 +144,35 @@ def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     scripts = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = scripts / f"bench_{args.name}.py"
-    if not script.exists():
-        names = sorted(p.stem[len("bench_"):] for p in scripts.glob("bench_*.py"))
-        print(f"npu-lifetime: no benchmark {args.name!r}; available: {', '.join(names) or 'none (not a repo checkout)'}",
-              file=sys.stderr)
-        return 2
-    sys.argv = [str(script), *args.args]
-    runpy.run_path(str(script), run_name="__main__")
+    available = {p.stem[len("bench_"):]: p for p in sorted(scripts.glob("bench_*.py"))}
+    if args.name is None or args.name not in available:
+        if args.name is not None:
+            print(f"npu-lifetime: no benchmark {args.name!r}", file=sys.stderr)
+        if not available:
+            print("npu-lifetime: no benchmarks/ here (they ship with a repository checkout, not a wheel)",
+                  file=sys.stderr)
+            return 2
+        out = sys.stdout if args.name is None else sys.stderr
+        print("benchmarks (npu-lifetime bench NAME [--help]):", file=out)
+        for name, path in available.items():
+            print(f"  {name:<12} {_summary(path)}", file=out)
+        return 0 if args.name is None else 2
+    sys.argv = [str(available[args.name]), *args.args]
+    try:
+        runpy.run_path(str(available[args.name]), run_name="__main__")
+    except SystemExit as exit_:  # argparse errors and the script's own exits
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     return 0
+
+
+def _summary(path) -> str:
+    """The first sentence of a script's docstring."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    sentence = paragraph.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= 90 else sentence[:87].rsplit(" ", 1)[0] + " ..."
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -210,8 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=64)
     p.set_defaults(run=_handoff)
 
-    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (model, shim_alloc, ...)")
-    p.add_argument("name")
+    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (no NAME: list them)")
+    p.add_argument("name", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_bench)
     return parser
