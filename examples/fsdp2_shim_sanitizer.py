@@ -70,10 +70,10 @@ def main() -> None:
         "findings_at_free": len(freed),
         "first_findings": [sanitizer.report([f]) for f in findings[:3]],
         "shim_findings": [f["kind"] for f in shim.findings()],
-        "peak_active_bytes": stats.peak_active_bytes,
-        "peak_reserved_bytes": stats.peak_reserved_bytes,
-        "deferred_frees": stats.deferred_frees,
-        "events_recorded": stats.events_recorded,
+        "peak_active_bytes": stats["active_bytes.all.peak"],
+        "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+        "deferred_frees": stats["deferred_frees"],
+        "events_recorded": stats["events_recorded"],
     }
     print(json.dumps(report))
     if args.json:

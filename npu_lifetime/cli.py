@@ -46,9 +46,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 SNAPSHOT_LEGEND = (
-    "state: live = held by a tensor; pending = freed, reusable once events on other streams fire; "
-    "cached = free for reuse. recorded = record_stream streams; use events = streams with a live "
-    "record_use (or noted-use) event; waiting on = events a pending free still needs."
+    "state: live = held by a tensor; pending = freed, reusable once events on other streams fire; deferred = "
+    "freed during a graph capture; quarantined = freed and poisoned (debug); cached = free for reuse (waiting: "
+    "it still carries use events, a reuse waits on them GPU-side). recorded = record_stream streams; use events "
+    "= streams with a live record_use (or noted-use) event; holding = events a freed block still carries."
 )
 
 
@@ -75,7 +76,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     if not args.no_files:
         write_pictures(outcome, prefix, args.max_events)
     if args.json:
-        print(json.dumps({"stats": rec.stats.__dict__, "snapshot": rec.snapshot, "trace": rec.events,
+        print(json.dumps({"stats": rec.stats, "snapshot": rec.snapshot, "trace": rec.events,
                           "shim_findings": rec.shim_findings, "notes": rec.notes}, indent=2))
     else:
         _print_snapshot(rec, outcome)
@@ -91,11 +92,11 @@ def _default_prefix(script: Optional[str]) -> str:
 
 
 def _print_snapshot(rec, outcome) -> None:
+    from .viz.snapshot import stats_line
+
     snap, stats = rec.snapshot, rec.stats
     print(f"{rec.source}: runtime {snap['runtime']}, policy {snap['policy']}")
-    print(f"live {stats.live_blocks} blocks / {stats.live_bytes} B, cached {stats.cached_blocks} / "
-          f"{stats.cached_bytes} B, pending {stats.pending_blocks} / {stats.pending_bytes} B, "
-          f"reserved {stats.reserved_bytes} B (peak {stats.peak_reserved_bytes} B)")
+    print(stats_line(stats))
     print(SNAPSHOT_LEGEND)
     for seg in snap["segments"]:
         print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} ({seg['pool']})")
@@ -106,7 +107,7 @@ def _print_snapshot(rec, outcome) -> None:
             if b["use_events"]:
                 extra += " use events " + ",".join(f"{e['stream']:#x}" for e in b["use_events"])
             if b["held_events"]:
-                extra += f" waiting on {b['held_events']} event(s)"
+                extra += " holding events of " + ",".join(f"{e['stream']:#x}" for e in b["held_events"])
             print(f"  {b['address']:#x} {b['size']:>10} B {b['state']:<8}{extra}")
     for finding in rec.shim_findings:
         detail = f": {finding['detail']}" if finding.get("detail") else ""
@@ -176,6 +177,8 @@ def _summary(path) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .shim.api import POLICIES
+
     parser = argparse.ArgumentParser(
         prog="npu-lifetime",
         description="Cross-stream lifetime checking for PyTorch (CUDA, Ascend NPU, simulated).",
@@ -212,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
                     "lives per stream). Exit 0, 2 on bad input, 3 if the script failed (the pictures are still "
                     "written).")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
-    p.add_argument("--policy", default="poll", choices=["poll", "stream_wait"])
+    p.add_argument("--policy", default="poll", choices=sorted(POLICIES))
     p.add_argument("--demo", action="store_true", help="run a built-in hand-off on the simulated runtime instead")
     p.add_argument("--sanitize", action="store_true", help="also run the lifetime sanitizer; its findings are drawn")
     p.add_argument("--out", metavar="PREFIX", help="where to write (default: beside the script, SCRIPT.snapshot.*)")

@@ -7,23 +7,23 @@ def test_freed_block_is_reused_on_its_stream_only(sim_shim):
     sim_shim.free(p, 1000, 0, S1)
     assert sim_shim.alloc(1000, 0, S2) != p
     assert sim_shim.alloc(1000, 0, S1) == p
-    assert sim_shim.stats().cache_hits >= 1
+    assert sim_shim.stats()["cache_hits"] >= 1
 
 
 def test_sizes_are_rounded_and_small_blocks_share_a_segment(sim_shim):
     a, b = sim_shim.alloc(1, 0, S1), sim_shim.alloc(513, 0, S1)
     assert b - a == 512
     st = sim_shim.stats()
-    assert (st.segments, st.live_bytes, st.requested_live_bytes) == (1, 512 + 1024, 514)
+    assert (st["segment.all.current"], st["allocated_bytes.all.current"], st["requested_bytes.all.current"]) == (1, 512 + 1024, 514)
 
 
 def test_large_blocks_are_carved_from_large_segments(sim_shim):
     a = sim_shim.alloc(3 << 20, 0, S1)
     b = sim_shim.alloc(3 << 20, 0, S1)
     st = sim_shim.stats()
-    assert st.segments == 1 and st.reserved_bytes == 20 << 20 and b - a == 3 << 20
+    assert st["segment.all.current"] == 1 and st["reserved_bytes.all.current"] == 20 << 20 and b - a == 3 << 20
     sim_shim.alloc(64 << 20, 0, S1)
-    assert sim_shim.stats().segments == 2
+    assert sim_shim.stats()["segment.all.current"] == 2
 
 
 def test_zero_bytes_needs_no_memory(sim_shim):
@@ -37,7 +37,7 @@ def test_record_use_defers_reuse_until_the_event_fires(sim_shim):
     assert sim_shim.record_use(p, S2)
     sim_shim.free(p, 4096, 0, S1)
     st = sim_shim.stats()
-    assert (st.pending_blocks, st.deferred_frees) == (1, 1)
+    assert (st["pending.all.current"], st["deferred_frees"]) == (1, 1)
     assert sim_shim.alloc(4096, 0, S1) != p  # S2 still has the use queued
     sim_shim.sim.complete(S2)
     assert sim_shim.alloc(4096, 0, S1) == p  # polled at allocation
@@ -49,7 +49,7 @@ def test_record_use_covers_only_work_queued_before_the_call(sim_shim):
     sim_shim.sim.complete(S2)  # S2 progressed past the recorded event
     sim_shim.free(p, 4096, 0, S1)
     sim_shim.process_events()
-    assert sim_shim.stats().pending_blocks == 0
+    assert sim_shim.stats()["pending.all.current"] == 0
 
 
 def test_record_stream_records_at_the_free(sim_shim):
@@ -58,10 +58,10 @@ def test_record_stream_records_at_the_free(sim_shim):
     sim_shim.sim.complete(S2)  # finishing earlier work does not matter:
     sim_shim.free(p, 4096, 0, S1)  # the event is recorded here
     sim_shim.process_events()
-    assert sim_shim.stats().pending_blocks == 1
+    assert sim_shim.stats()["pending.all.current"] == 1
     sim_shim.sim.complete(S2)
     sim_shim.process_events()
-    assert sim_shim.stats().pending_blocks == 0
+    assert sim_shim.stats()["pending.all.current"] == 0
 
 
 def test_erase_stream_withdraws_record_stream(sim_shim):
@@ -69,7 +69,7 @@ def test_erase_stream_withdraws_record_stream(sim_shim):
     sim_shim.record_stream(p, S2)
     sim_shim.erase_stream(p, S2)
     sim_shim.free(p, 4096, 0, S1)
-    assert sim_shim.stats().pending_blocks == 0
+    assert sim_shim.stats()["pending.all.current"] == 0
 
 
 def test_calls_on_the_allocation_stream_are_no_ops(sim_shim):
@@ -78,7 +78,7 @@ def test_calls_on_the_allocation_stream_are_no_ops(sim_shim):
     sim_shim.record_stream(p, S1)
     sim_shim.free(p, 4096, 0, S1)
     st = sim_shim.stats()
-    assert (st.pending_blocks, st.events_recorded) == (0, 0)
+    assert (st["pending.all.current"], st["events_recorded"]) == (0, 0)
 
 
 def test_one_live_event_per_block_and_stream(sim_shim):
@@ -87,16 +87,16 @@ def test_one_live_event_per_block_and_stream(sim_shim):
         sim_shim.record_use(p, S2)
     sim_shim.record_use(p, S3)
     st = sim_shim.stats()
-    assert (st.events_created, st.events_recorded) == (2, 1001)
+    assert (st["events_created"], st["events_recorded"]) == (2, 1001)
     [block] = [b for seg in sim_shim.snapshot()["segments"] for b in seg["blocks"] if b["address"] == p]
     assert sorted(e["stream"] for e in block["use_events"]) == [S2, S3]
     sim_shim.free(p, 4096, 0, S1)
     sim_shim.sim.complete(S2)
     sim_shim.process_events()
-    assert sim_shim.stats().pending_blocks == 1  # still waits for S3
+    assert sim_shim.stats()["pending.all.current"] == 1  # still waits for S3
     sim_shim.sim.complete(S3)
     sim_shim.process_events()
-    assert sim_shim.stats().pending_blocks == 0
+    assert sim_shim.stats()["pending.all.current"] == 0
 
 
 def test_events_are_pooled(sim_shim):
@@ -106,7 +106,7 @@ def test_events_are_pooled(sim_shim):
         sim_shim.free(p, 4096, 0, S1)
         sim_shim.sim.complete(S2)
         sim_shim.process_events()
-    assert sim_shim.stats().events_created == 1
+    assert sim_shim.stats()["events_created"] == 1
 
 
 def test_stream_wait_policy_hands_the_block_out_at_once(sim_shim):
@@ -115,10 +115,10 @@ def test_stream_wait_policy_hands_the_block_out_at_once(sim_shim):
     sim_shim.record_use(p, S2)
     sim_shim.record_stream(p, S3)
     sim_shim.free(p, 4096, 0, S1)
-    assert sim_shim.stats().pending_blocks == 0
+    assert sim_shim.stats()["pending.all.current"] == 0
     assert sim_shim.alloc(4096, 0, S1) == p
     assert sim_shim.sim.stream_waits(S1) == 2  # one GPU-side wait per held event
-    assert sim_shim.stats().stream_waits == 2
+    assert sim_shim.stats()["stream_waits"] == 2
 
 
 def test_stream_wait_policy_holds_blocks_back_during_capture(sim_shim):
@@ -142,7 +142,7 @@ def test_no_polling_while_the_allocating_stream_captures(sim_shim):
     sim_shim.sim.complete(S2)
     sim_shim.sim.set_capturing(S1, True)
     assert sim_shim.alloc(4096, 0, S1) != p
-    assert sim_shim.stats().pending_blocks == 1
+    assert sim_shim.stats()["pending.all.current"] == 1
     sim_shim.sim.set_capturing(S1, False)
     assert sim_shim.alloc(4096, 0, S1) == p
 
@@ -162,10 +162,10 @@ def test_empty_cache_returns_free_segments(sim_shim):
     sim_shim.free(p, 4096, 0, S1)
     sim_shim.empty_cache()
     st = sim_shim.stats()
-    assert (st.segments, st.segment_frees, st.live_blocks) == (1, 1, 1)
+    assert (st["segment.all.current"], st["num_device_free"], st["allocation.all.current"]) == (1, 1, 1)
     sim_shim.free(q, 4096, 0, S2)
     sim_shim.empty_cache()
-    assert sim_shim.stats().reserved_bytes == 0
+    assert sim_shim.stats()["reserved_bytes.all.current"] == 0
 
 
 def test_out_of_memory_frees_the_cache_and_retries_once(sim_shim):
@@ -174,14 +174,14 @@ def test_out_of_memory_frees_the_cache_and_retries_once(sim_shim):
     sim_shim.free(p, 4096, 0, S1)
     assert sim_shim.alloc(4096, 0, S2) != 0  # a second segment fits only once p's is freed
     st = sim_shim.stats()
-    assert (st.oom_retries, st.oom_failures, st.segment_frees, st.segments) == (1, 0, 1, 1)
+    assert (st["num_alloc_retries"], st["num_ooms"], st["num_device_free"], st["segment.all.current"]) == (1, 0, 1, 1)
 
 
 def test_out_of_memory_returns_null_with_a_finding(sim_shim):
     sim_shim.sim.set_memory_limit(4 << 20)
     assert sim_shim.alloc(3 << 20, 0, S1) == 0  # needs a 20 MiB segment
     st = sim_shim.stats()
-    assert (st.oom_retries, st.oom_failures) == (1, 1)
+    assert (st["num_alloc_retries"], st["num_ooms"]) == (1, 1)
     [f] = sim_shim.findings()
     assert (f["kind"], f["size"], f["stream"]) == ("out_of_memory", 3 << 20, S1)
 
@@ -195,8 +195,8 @@ def test_snapshot_describes_blocks_streams_and_events(sim_shim):
     [seg] = snap["segments"]
     block = seg["blocks"][0]
     assert block == {
-        "address": p, "size": 512, "requested": 100, "state": "live", "alloc_stream": S1,
+        "address": p, "size": 512, "requested": 100, "state": "live", "alloc_stream": S1, "generation": 1,
         "recorded_streams": [S2], "use_events": [{"stream": S3, "kind": "record_use"}],
-        "held_events": 0,
+        "held_events": [],
     }
     assert seg["blocks"][1]["state"] == "cached"

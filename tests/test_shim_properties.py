@@ -40,17 +40,23 @@ class Tracker:
                 assert end <= q or q + qsize <= ptr, "reused before its events fired"
 
 
+def cached_bytes():
+    return sum(b["size"] for seg in shim.snapshot()["segments"] for b in seg["blocks"] if b["state"] == "cached")
+
+
 def check_stats(tracker):
     s = shim.stats()
-    assert s.reserved_bytes == s.live_bytes + s.cached_bytes + s.pending_bytes
-    assert s.live_blocks == len(tracker.live)
-    assert s.requested_live_bytes == sum(v[0] for v in tracker.live.values())
-    assert s.peak_live_bytes >= s.live_bytes and s.peak_reserved_bytes >= s.reserved_bytes
-    assert s.peak_active_bytes >= s.live_bytes + s.pending_bytes
+    assert s["reserved_bytes.all.current"] == (
+        s["allocated_bytes.all.current"] + cached_bytes() + s["pending_bytes.all.current"]
+    )
+    assert s["allocation.all.current"] == len(tracker.live)
+    assert s["requested_bytes.all.current"] == sum(v[0] for v in tracker.live.values())
+    assert s["allocated_bytes.all.peak"] >= s["allocated_bytes.all.current"] and s["reserved_bytes.all.peak"] >= s["reserved_bytes.all.current"]
+    assert s["active_bytes.all.peak"] >= s["allocated_bytes.all.current"] + s["pending_bytes.all.current"]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(op, max_size=60), st.sampled_from(["poll", "stream_wait"]))
+@given(st.lists(op, max_size=60), st.sampled_from(["poll", "stream_wait", "lazy_wait"]))
 def test_random_sequences_keep_the_invariants(sim_shim, ops, policy):
     shim.reset()
     shim.set_policy(policy)
@@ -60,11 +66,11 @@ def test_random_sequences_keep_the_invariants(sim_shim, ops, policy):
         kind = o[0]
         if kind == "alloc":
             _, size, stream = o
-            before = shim.stats().stream_waits
+            before = shim.stats()["stream_waits"]
             ptr = shim.alloc(size, 0, stream)
             if policy == "poll":
                 t.check_alloc(ptr, size)
-            elif shim.stats().stream_waits == before:
+            elif shim.stats()["stream_waits"] == before:
                 t.check_alloc(ptr, size)  # no GPU-side wait: must not be quarantined memory
             for q in [q for q in t.quarantined if ptr <= q < ptr + size]:
                 del t.quarantined[q]
@@ -97,7 +103,7 @@ def test_random_sequences_keep_the_invariants(sim_shim, ops, policy):
     shim.sim.complete_all()
     shim.empty_cache()
     s = shim.stats()
-    assert (s.live_blocks, s.pending_blocks, s.reserved_bytes) == (0, 0, 0)
+    assert (s["allocation.all.current"], s["pending.all.current"], s["reserved_bytes.all.current"]) == (0, 0, 0)
     assert shim.findings() == []
 
 
@@ -111,19 +117,20 @@ def test_threads_never_share_a_block(sim_shim):
         own_stream = 0x10000 * (tid + 1)
         for _ in range(400):
             if mine and rng.random() < 0.5:
-                ptr, size, tag = mine.pop(rng.randrange(len(mine)))
+                ptr, size, tag, stream = mine.pop(rng.randrange(len(mine)))
                 if ctypes.string_at(ptr, size) != bytes([tag]) * size:
                     errors.append(f"thread {tid}: block {ptr:#x} was overwritten")
                 with guard:
                     del live[ptr]
                 if rng.random() < 0.3:
                     shim.record_use(ptr, STREAMS[rng.randrange(3)])
-                shim.free(ptr, size, 0, own_stream)
+                shim.free(ptr, size, 0, stream)
                 if rng.random() < 0.3:
                     shim.sim.complete(STREAMS[rng.randrange(3)])
             else:
                 size = rng.choice((64, 700, 5000, 70_000))
-                ptr = shim.alloc(size, 0, own_stream if rng.random() < 0.7 else STREAMS[0])
+                stream = own_stream if rng.random() < 0.7 else STREAMS[0]
+                ptr = shim.alloc(size, 0, stream)
                 stream_ok = ptr != 0
                 with guard:
                     for other, osize in live.items():
@@ -133,11 +140,11 @@ def test_threads_never_share_a_block(sim_shim):
                 tag = tid + 1
                 ctypes.memset(ptr, tag, size)
                 if stream_ok:
-                    mine.append((ptr, size, tag))
-        for ptr, size, _ in mine:
+                    mine.append((ptr, size, tag, stream))
+        for ptr, size, _, stream in mine:
             with guard:
                 del live[ptr]
-            shim.free(ptr, size, 0, own_stream)
+            shim.free(ptr, size, 0, stream)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for th in threads:
@@ -148,6 +155,7 @@ def test_threads_never_share_a_block(sim_shim):
     shim.sim.complete_all()
     shim.process_events()
     s = shim.stats()
-    assert s.allocations == s.frees and s.live_blocks == 0 and s.pending_blocks == 0
-    assert s.reserved_bytes == s.cached_bytes
+    assert s["allocation.all.allocated"] == s["allocation.all.freed"] and s["allocation.all.current"] == 0
+    assert s["pending.all.current"] == 0
+    assert s["reserved_bytes.all.current"] == cached_bytes()
     assert shim.findings() == []

@@ -19,7 +19,7 @@ def test_double_free(sim_shim):
     sim_shim.free(p, 64, 0, S1)
     sim_shim.free(p, 64, 0, S1)
     assert kinds(sim_shim) == ["double_free"]
-    assert sim_shim.stats().frees == 1
+    assert sim_shim.stats()["allocation.all.freed"] == 1
 
 
 def test_size_mismatch_is_reported_and_the_block_still_freed(sim_shim):
@@ -27,7 +27,7 @@ def test_size_mismatch_is_reported_and_the_block_still_freed(sim_shim):
     sim_shim.free(p, 65, 0, S1)
     [f] = sim_shim.findings()
     assert (f["kind"], f["size"], f["expected_size"]) == ("size_mismatch", 65, 64)
-    assert sim_shim.stats().live_blocks == 0
+    assert sim_shim.stats()["allocation.all.current"] == 0
 
 
 def test_unrecorded_use_noted_by_the_sanitizer(sim_shim):
@@ -36,10 +36,10 @@ def test_unrecorded_use_noted_by_the_sanitizer(sim_shim):
     sim_shim.free(p, 4096, 0, S1)
     [f] = sim_shim.findings()
     assert (f["kind"], f["stream"], f["alloc_stream"]) == ("unrecorded_use", S2, S1)
-    assert sim_shim.stats().pending_blocks == 1  # and the block stays safe
+    assert sim_shim.stats()["pending.all.current"] == 1  # and the block stays safe
     sim_shim.sim.complete(S2)
     sim_shim.process_events()
-    assert sim_shim.stats().pending_blocks == 0
+    assert sim_shim.stats()["pending.all.current"] == 0
 
 
 def test_noted_use_that_already_finished_is_no_finding(sim_shim):
@@ -47,7 +47,7 @@ def test_noted_use_that_already_finished_is_no_finding(sim_shim):
     sim_shim.note_use(p, S2)
     sim_shim.sim.complete(S2)
     sim_shim.free(p, 4096, 0, S1)
-    assert kinds(sim_shim) == [] and sim_shim.stats().pending_blocks == 0
+    assert kinds(sim_shim) == [] and sim_shim.stats()["pending.all.current"] == 0
 
 
 @pytest.mark.parametrize("cover", ["record_use", "record_stream"])
@@ -56,7 +56,7 @@ def test_noted_use_covered_by_a_later_call_is_no_finding(sim_shim, cover):
     sim_shim.note_use(p, S2)
     getattr(sim_shim, cover)(p, S2)
     sim_shim.free(p, 4096, 0, S1)
-    assert kinds(sim_shim) == [] and sim_shim.stats().pending_blocks == 1
+    assert kinds(sim_shim) == [] and sim_shim.stats()["pending.all.current"] == 1
 
 
 def test_record_use_before_a_noted_use_does_not_cover_it(sim_shim):
@@ -86,7 +86,7 @@ def test_negative_size_and_null_pointers_do_not_crash(sim_shim):
 def test_findings_count_in_stats(sim_shim):
     sim_shim.free(0x10, 1, 0, S1)
     sim_shim.free(0x20, 1, 0, S1)
-    assert sim_shim.stats().findings == 2
+    assert sim_shim.stats()["findings"] == 2
 
 
 def test_runtime_selection_errors(sim_shim):
@@ -96,3 +96,53 @@ def test_runtime_selection_errors(sim_shim):
         sim_shim.select_runtime("tpu")
     with pytest.raises(ValueError, match="unknown policy"):
         sim_shim.set_policy("eventually")
+
+
+def test_a_stale_double_free_after_a_new_owner_does_not_free_the_new_block(sim_shim):
+    p = sim_shim.alloc(1000, 0, S1)
+    sim_shim.free(p, 1000, 0, S1)
+    q = sim_shim.alloc(2000, 0, S1)
+    assert q == p  # the address went to a new owner
+    sim_shim.free(p, 1000, 0, S1)  # the first owner frees again
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["address"], f["generation"]) == ("double_free", p, 2)
+    assert "new owner" in f["detail"]
+    assert sim_shim.stats()["allocation.all.current"] == 1  # q is still live
+    r = sim_shim.alloc(2000, 0, S1)
+    assert r != q  # and never handed out twice
+    sim_shim.free(q, 2000, 0, S1)
+    assert sim_shim.findings() == []
+
+
+def test_a_double_free_after_a_merge_is_a_double_free(sim_shim):
+    p = sim_shim.alloc(1000, 0, S1)
+    r = sim_shim.alloc(1000, 0, S1)
+    sim_shim.free(r, 1000, 0, S1)
+    sim_shim.free(p, 1000, 0, S1)  # p and r merge into one cached block at p
+    sim_shim.free(r, 1000, 0, S1)
+    [f] = sim_shim.findings()
+    assert f["kind"] == "double_free" and f["address"] == r
+
+
+def test_a_free_of_an_interior_address_frees_nothing(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(p + 512, 4096, 0, S1)
+    [f] = sim_shim.findings()
+    assert f["kind"] == "interior_pointer"
+    assert sim_shim.stats()["allocation.all.current"] == 1
+
+
+def test_a_free_with_another_stream_is_reported(sim_shim):
+    p = sim_shim.alloc(64, 0, S1)
+    sim_shim.free(p, 64, 0, S2)
+    [f] = sim_shim.findings()
+    assert (f["kind"], f["stream"], f["alloc_stream"]) == ("stream_mismatch", S2, S1)
+
+
+def test_lifetime_calls_accept_a_view_address(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    assert sim_shim.record_use(p + 1024, S2)
+    assert sim_shim.record_stream(p + 4000, S2)
+    sim_shim.free(p, 4096, 0, S1)
+    assert sim_shim.findings() == []
+    assert sim_shim.stats()["pending.all.current"] == 1

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.cuda._memory_viz as torch_viz
 
-from npu_lifetime import shim
 from npu_lifetime.cli import main
 from npu_lifetime.viz import demo, lives, memory_viz
 from npu_lifetime.viz.snapshot import run_demo
@@ -50,10 +49,10 @@ def test_demo_writes_a_pickle_torch_reads_and_a_timeline(tmp_path, capsys, sim_s
 
 def test_demo_ends_with_its_findings_and_a_block_still_waiting(sim_shim):
     rec = run_demo(capacity=1 << 16).recording
-    assert [f["kind"] for f in rec.shim_findings] == ["unrecorded_use", "double_free"]
+    assert [f["kind"] for f in rec.shim_findings] == ["double_free", "unrecorded_use"]
     blocks = [b for s in rec.snapshot["segments"] for b in s["blocks"]]
     (pending,) = [b for b in blocks if b["state"] == "pending"]
-    assert pending["held_events"] == 1
+    assert pending["held_events"] == [{"stream": demo.COMM, "must_fire": True}]
     assert any(b["state"] == "live" and b["use_events"] == [{"stream": demo.SIDE, "kind": "record_use"}]
                for b in blocks)
 
@@ -135,5 +134,5 @@ def test_json_output(tmp_path, capsys, sim_shim):
     path = script(tmp_path, "from npu_lifetime import shim\np = shim.alloc(512, 0, 0x10)\n")
     assert main(["snapshot", "--device", "sim", "--no-files", "--json", path]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["stats"]["live_blocks"] == 1 and data["snapshot"]["runtime"] == "sim"
-    assert shim.stats().live_blocks == 1
+    assert data["stats"]["allocation.all.current"] == 1 and data["snapshot"]["runtime"] == "sim"
+    assert data["trace"][-1]["kind"] == "alloc" and data["trace"][-1]["size"] == 512

@@ -26,7 +26,9 @@ def test_alloc_free_pending_and_reusable_positions(built):
     assert (b1.alloc, b1.free, b1.pending, b1.reusable, b1.state) == (1, 5, 6, 9, "free")
     assert (b2.alloc, b2.free, b2.state) == (3, None, "live")
     assert (b3.alloc, b3.free, b3.pending, b3.reusable, b3.state) == (7, 10, 12, None, "held")
-    assert (b4.free, b4.pending, b4.state) == (15, None, "free")
+    assert (b4.free, b4.pending, b4.reusable, b4.state) == (15, None, 16, "free")
+    assert [(m.kind, m.index) for m in b4.marks] == [("record_use", 14), ("reuse_wait", 17)]
+    assert (b5.alloc, b5.free, b5.reusable) == (18, 19, 20)
     assert b1.held_until(built.end) == 9  # freed at 5, reusable at 9
     assert b3.held_until(built.end) == built.end  # still waiting when the trace ends
     assert b4.held_until(built.end) is None  # straight back to the cache

@@ -69,7 +69,7 @@ def test_each_block_shows_its_streams_and_events_as_frames(written):
     assert "record_stream(stream 0x20): its free waits for all work queued there by the free" in live
     assert "record_stream(stream 0x30): its free waits for all work queued there by the free" in live
     pending = names(blocks[fx.D]["frames"])
-    assert "freed, waiting on 1 event(s) of stream 0x20" in pending
+    assert "freed, holding an event of stream 0x20: must fire before reuse" in pending
     assert any("note_use on stream 0x20" in n for n in pending)
     assert any(n.startswith("b3 +4.0 us: finding on stream 0x20: unrecorded_use (free)") for n in pending)
 

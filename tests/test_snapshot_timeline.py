@@ -90,7 +90,7 @@ def test_findings_are_marked(page):
 def test_tables_list_blocks_and_findings(page):
     _, html, _ = page
     assert html.count("<tr><td>b") == 5
-    assert "<td>4.0 us</td>" in html and "11.0 us (still waiting)" in html
+    assert "<td>4.0 us</td>" in html and "13.0 us (still waiting)" in html
     assert html.count("<tr><td>shim</td>") == 3 and html.count("<tr><td>sanitizer</td>") == 2
 
 

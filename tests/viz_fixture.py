@@ -8,7 +8,10 @@ stream O use blocks:
   D  a use on M nothing recorded (note_use), freed: a finding, still pending
   E  A's address again, record_use on O, freed into the cache (stream-wait)
   F  E's address again, handed out behind a GPU-side wait, freed, freed again
-and a free of an address the shim never handed out.
+and a free of an address the shim never handed out.  As the shim traces
+them: a free straight into the cache is followed by ``reusable``; findings
+carry no device (-1) and no generation; reuse_wait precedes the new owner's
+alloc with the old owner's generation.
 """
 C, M, O = 0x10, 0x20, 0x30
 SEG = 0x10000000
@@ -31,15 +34,17 @@ _STEPS = [
     ("note_use", D, K, M, 1),
     ("reusable", A, K, C, 1),
     ("free", D, K, C, 1),
-    ("finding", D, K, M, 1),
+    ("finding", D, 0, M, 0),
     ("pending", D, K, C, 1),
     ("alloc", E, K, C, 2),
     ("record_use", E, K, O, 2),
     ("free", E, K, C, 2),
+    ("reusable", E, K, C, 2),
+    ("reuse_wait", E, K, C, 2),
     ("alloc", F, K, C, 3),
-    ("reuse_wait", F, K, C, 3),
     ("free", F, K, C, 3),
-    ("finding", F, K, C, 3),
+    ("reusable", F, K, C, 3),
+    ("finding", F, 0, C, 0),
     ("finding", UNKNOWN, 0, C, 0),
     ("record_stream", B, K, O, 1),
 ]
@@ -47,15 +52,15 @@ _STEPS = [
 
 def trace() -> list:
     return [
-        {"t_ns": 1_000_000 + 1000 * i, "kind": kind, "ptr": ptr, "size": size, "device": 0, "stream": stream,
-         "alloc_stream": C, "generation": gen}
+        {"t_ns": 1_000_000 + 1000 * i, "kind": kind, "ptr": ptr, "size": size, "device": -1 if kind == "finding" else 0,
+         "stream": stream, "alloc_stream": 0 if kind == "finding" else C, "generation": gen}
         for i, (kind, ptr, size, stream, gen) in enumerate(_STEPS)
     ]
 
 
-def _block(address, size, state, recorded=(), use_events=(), held=0, requested=None):
-    b = {"address": address, "size": size, "state": state, "alloc_stream": C,
-         "recorded_streams": list(recorded), "use_events": list(use_events), "held_events": held}
+def _block(address, size, state, generation, recorded=(), use_events=(), held=(), requested=None):
+    b = {"address": address, "size": size, "state": state, "alloc_stream": C, "generation": generation,
+         "recorded_streams": list(recorded), "use_events": list(use_events), "held_events": list(held)}
     if requested is not None:
         b["requested"] = requested
     return b
@@ -68,10 +73,10 @@ def snapshot() -> dict:
         "segments": [{
             "address": SEG, "size": MIB2, "device": 0, "stream": C, "pool": "small",
             "blocks": [
-                _block(F, K, "cached"),
-                _block(B, K, "live", recorded=(M, O), requested=K - 100),
-                _block(D, K, "pending", held=1),
-                _block(SEG + 3 * K, MIB2 - 3 * K, "cached"),
+                _block(F, K, "cached", 3),
+                _block(B, K, "live", 1, recorded=(M, O), requested=K - 100),
+                _block(D, K, "pending", 1, held=[{"stream": M, "must_fire": True}]),
+                _block(SEG + 3 * K, MIB2 - 3 * K, "cached", 0),
             ],
         }],
     }

@@ -11,6 +11,8 @@
  *
  * Every function is thread-safe and never lets a C++ exception or an abort
  * escape: problems become structured findings (npl_drain_findings_json).
+ * The entry points torch's allocator setters take, with their exact C++
+ * signatures, are in torch_hooks.cpp.
  */
 #ifndef NPU_LIFETIME_SHIM_H
 #define NPU_LIFETIME_SHIM_H
@@ -23,49 +25,68 @@
 extern "C" {
 #endif
 
-/* The pluggable-allocator entry points (exact signatures torch expects). */
+/* The pluggable-allocator entry points (the signatures torch expects).
+ * npl_alloc returns NULL when out of memory (see npl_last_oom_message). */
 void* npl_alloc(ssize_t size, int device, void* stream);
 void npl_free(void* ptr, ssize_t size, int device, void* stream);
 
-/* Lifetime calls.  `ptr` is the base address returned by npl_alloc.
- * Return 0 on success, -1 if `ptr` is not a live block (also a finding). */
+/* Lifetime calls.  `ptr` is any address inside a live block (a view's data
+ * pointer will do).  Return 0 on success, -1 if `ptr` is in no live block
+ * (also a finding).  The _device variants take the stream's device. */
 int npl_record_stream(void* ptr, void* stream); /* gate the free on `stream` at free time */
+int npl_record_stream_device(void* ptr, void* stream, int stream_device);
 int npl_erase_stream(void* ptr, void* stream);  /* withdraw record_stream (torch_npu eraseStream) */
-int npl_record_use(void* ptr, void* stream);    /* gate the free on `stream` as of now */
+int npl_record_use(void* ptr, void* stream);    /* gate the reuse on `stream` as of now */
+int npl_record_use_device(void* ptr, void* stream, int stream_device);
 int npl_note_use(void* ptr, void* stream);      /* the sanitizer saw an unrecorded use on `stream` */
 
 /* Reuse policy for freed blocks that wait on events. */
 enum npl_policy {
     NPL_POLICY_POLL = 0,        /* reusable once every event has fired (polled) */
-    NPL_POLICY_STREAM_WAIT = 1  /* reusable at once; the allocating stream waits on the events */
+    NPL_POLICY_STREAM_WAIT = 1, /* reusable at once; the allocating stream waits on the events */
+    NPL_POLICY_LAZY_WAIT = 2    /* the default: record_use events as stream_wait, but waited on only
+                                   if still pending at reuse; record_stream events as poll */
 };
 int npl_set_policy(int policy); /* 0, or -1 for an unknown policy */
 int npl_get_policy(void);
 
+/* Debug mode: freed blocks are filled with 0xFF (NaN for every float type)
+ * once really free, and quarantined (FIFO, up to `quarantine_bytes`) before
+ * reuse; a block leaving quarantine is checked for writes after its free. */
+void npl_set_debug(int enabled, uint64_t quarantine_bytes);
+int npl_get_debug(void);
+
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */
+void npl_init(int device_count);
+void npl_set_memory_fraction(double fraction, int device); /* limits reserved bytes; 0: no limit */
+double npl_get_memory_fraction(int device);
+void* npl_base_allocation(void* ptr, size_t* size); /* the segment holding ptr, and its size */
 
-typedef struct npl_stats {
-    uint64_t live_bytes, live_blocks;
-    uint64_t cached_bytes, cached_blocks;
-    uint64_t pending_bytes, pending_blocks;
-    uint64_t reserved_bytes, segments;
-    uint64_t peak_live_bytes, peak_reserved_bytes;
-    uint64_t peak_active_bytes; /* live + pending: memory no allocation can get */
-    uint64_t requested_live_bytes;
-    uint64_t allocations, frees, cache_hits;
-    uint64_t segment_allocs, segment_frees, oom_retries, oom_failures;
-    uint64_t events_created, events_recorded, stream_waits;
-    uint64_t deferred_frees, findings, findings_dropped;
-} npl_stats;
+/* Graph capture into private pools (torch's MempoolId_t is {id0, id1}).
+ * Between begin and end, allocations on `device` from `stream` (NULL: any
+ * stream of the device) go to the pool; release drops one reference. */
+void npl_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void* stream);
+void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
+void npl_release_pool(int device, uint64_t id0, uint64_t id1);
+/* Writes up to `capacity` live block addresses of the pool; returns how many there are. */
+size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_t* out, size_t capacity);
 
-size_t npl_stats_size(void); /* sizeof(npl_stats), for bindings to check */
-void npl_get_stats(npl_stats* out);
-void npl_reset_peak(void);
+/* Statistics, per device: torch-style names ("allocated_bytes.all.current",
+ * ...), listed once by npl_stats_names_json; npl_stats_values writes the
+ * values in that order and returns how many it wrote. */
+size_t npl_stats_count(void);
+char* npl_stats_names_json(void);
+char* npl_stats_meanings_json(void);
+size_t npl_stats_values(int device, uint64_t* out, size_t capacity);
+void npl_reset_peak(int device);
+void npl_reset_accumulated(int device);
 
 /* JSON strings; release each with npl_free_string. */
 char* npl_snapshot_json(void);
 char* npl_drain_findings_json(void);
+char* npl_drain_trace_json(void);
+void npl_set_trace(int enabled, size_t capacity);
 void npl_free_string(char* s);
 
 /* Runtime selection: "cuda", "acl" (optionally a library path), "sim", or
@@ -74,13 +95,15 @@ void npl_free_string(char* s);
 int npl_select_runtime(const char* name, const char* library_path);
 const char* npl_runtime_name(void);
 const char* npl_last_error(void);
+const char* npl_last_oom_message(void); /* this thread's last failed allocation, or "" */
 
 /* Drop every block, segment, event, statistic and finding, and the simulated
  * streams' state (tests only). */
 void npl_reset(void);
 
 /* Hooks for the sanitizer, called outside the allocator's lock: after an
- * allocation, and before a free is processed. */
+ * allocation, and before a free is processed.  Setting (or clearing, with
+ * NULLs) returns once no other thread is inside the previous hooks. */
 typedef void (*npl_alloc_hook)(void* ptr, size_t size, int device, void* stream, void* ctx);
 typedef void (*npl_free_hook)(void* ptr, size_t size, int device, void* stream, void* ctx);
 void npl_set_hooks(npl_alloc_hook on_alloc, npl_free_hook on_free, void* ctx);
@@ -91,8 +114,10 @@ void npl_sim_complete(void* stream);     /* everything queued on `stream` so far
 void npl_sim_complete_all(void);
 void npl_sim_set_capturing(void* stream, int capturing);
 void npl_sim_set_memory_limit(uint64_t bytes); /* 0: unlimited */
+void npl_sim_set_device(int device);            /* the calling thread's current device */
 uint64_t npl_sim_stream_waits(void* stream);   /* stream-wait-event calls on `stream` */
 uint64_t npl_sim_incomplete_events(void);
+uint64_t npl_sim_event_syncs(void);            /* host waits on events */
 
 #ifdef __cplusplus
 }

@@ -1,3 +1,76 @@
+// The caching allocator: allocation, free, and the lifetime calls.
+//
+// ---- Invariants ----------------------------------------------------------
+//
+// Memory.  Segments come from the runtime (cudaMalloc / aclrtMalloc / host
+// memory) and are carved into blocks, a doubly linked list per segment that
+// covers it exactly.  Requests round up to 512 B; up to 1 MiB they share
+// 2 MiB segments (the small pool), 1-10 MiB requests carve 20 MiB segments,
+// larger ones get their own segment rounded to 2 MiB.  A segment belongs to
+// one (device, stream, size class, graph pool): blocks never move between
+// streams, so a block handed out again on its stream is ordered after
+// everything that stream did before, and never between the eager pool and
+// a graph's private pool.
+//
+// Block states (block.h) and transitions:
+//   cached -> live            allocation (best fit in its pool; the rest of
+//                             the block is split off when worth it)
+//   live -> deferred          free during a graph capture of a block with
+//                             recorded streams: no event may be recorded now
+//   live | deferred -> pending | cached | quarantined
+//                             free: recorded streams get an event recorded
+//                             at the free, record_use events are kept (one
+//                             per stream: the later record subsumes), a noted
+//                             unrecorded use still queued is a finding.  Then:
+//                             pending while an event that must fire before
+//                             reuse has not (poll: every event; lazy_wait:
+//                             record_stream and note_use events; stream_wait:
+//                             none; debug mode: every event); otherwise
+//                             really free: quarantined (debug mode, eager
+//                             pool) or cached, carrying its remaining events
+//   pending -> cached | quarantined   its must-fire events fired (polled)
+//   quarantined -> cached     FIFO overflow, out of memory or empty_cache,
+//                             after checking the poison is intact
+// A cached block carrying events is handed out only after the allocating
+// stream was made to wait on each one still pending (GPU-side; fired ones
+// are dropped) and its events are then released: the part handed out waits,
+// the split-off remainder stays on the same stream behind that wait and
+// never waits again.  Merging two cached neighbours unions their events,
+// keeping one event per stream (the later record).  So every block holds at
+// most one event per stream, live or freed.
+//
+// Events.  Recorded by record_use (at the call), at the free for recorded
+// streams, and by note_use (the sanitizer's witness of an unrecorded use).
+// Created on the device of the stream they are recorded on, pooled per
+// device.  Queried only when no graph capture is underway (torch forbids
+// event queries during capture): pending blocks are polled at allocation,
+// at free of a block with uses, on npl_process_events and on the
+// out-of-memory path, never during a capture.  An event recorded during a
+// capture would be captured into the graph, so none is: record_use on a
+// capturing stream falls back to record_stream (an event at the free), and a
+// free during a capture defers its events until no capture is underway.
+//
+// Graph captures (graph_pools.h).  Between begin_allocate_to_pool and
+// end_allocate_to_pool, allocations from the streams the capture claims go
+// to its private pool; private blocks return to that pool whenever freed and
+// are never handed to eager allocations; eager cached blocks are never
+// handed into a capture.  A private pool's free segments go back to the
+// runtime once the pool has no references (release_pool).
+//
+// Out of memory (oom.cpp).  Before failing: process events and search the
+// pool again, drop fired events from cached blocks, release free segments
+// and retry; then wait on every pending event (host), search again, release
+// and retry; in debug mode, empty the quarantine.  Never during a capture
+// beyond releasing free segments.  The memory fraction limits reserved bytes
+// per device.  A failure returns NULL with an out_of_memory finding and
+// sets the thread's last_oom_message() (the torch bridge raises it).
+//
+// Locking.  One mutex, mu_, guards every block, segment, pool, event,
+// statistic, the address book, graph pools, quarantine and trace.  Runtime
+// calls happen under it (as in torch's allocator).  The findings queue has
+// its own lock, taken after mu_.  No callback into the caller runs under
+// mu_ (the sanitizer's hooks run in exports.cpp, outside it).
+// ---------------------------------------------------------------------------
 #include "caching_allocator.h"
 
 #include <algorithm>
@@ -5,16 +78,11 @@
 #include <utility>
 
 #include "json.h"
-#include "npu_lifetime_shim.h"
 
 namespace npl {
 
 namespace {
 
-// Size classes, as in PyTorch's caching allocators: small requests are
-// packed into 2 MiB segments; 1-10 MiB requests carve 20 MiB segments;
-// larger ones get their own segment rounded to 2 MiB.  Large blocks are
-// split only when the remainder is itself large, which bounds fragmentation.
 constexpr size_t kRound = 512;
 constexpr size_t kSmallLimit = 1 << 20;
 constexpr size_t kSmallSegment = 2 << 20;
@@ -24,28 +92,17 @@ constexpr size_t kLargeRound = 2 << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-size_t segment_size(size_t size, bool small) {
-    if (small) return kSmallSegment;
-    return size < kMidLimit ? kMidSegment : round_up(size, kLargeRound);
-}
-
 bool worth_splitting(const Block* b, size_t size) {
     size_t rest = b->size - size;
     return b->small ? rest >= kRound : rest > kSmallLimit;
 }
 
-const char* state_name(BlockState s) {
-    switch (s) {
-        case BlockState::live:
-            return "live";
-        case BlockState::pending:
-            return "pending";
-        default:
-            return "cached";
-    }
-}
-
 }  // namespace
+
+size_t segment_size_for(size_t size, bool small) {
+    if (small) return kSmallSegment;
+    return size < kMidLimit ? kMidSegment : round_up(size, kLargeRound);
+}
 
 bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -72,6 +129,11 @@ Policy CachingAllocator::policy() const {
     return policy_;
 }
 
+void CachingAllocator::init(int device_count) {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_count_ = device_count;
+}
+
 bool CachingAllocator::ensure_runtime() {
     if (rt_ != nullptr) return true;
     std::string why;
@@ -81,10 +143,45 @@ bool CachingAllocator::ensure_runtime() {
     return true;
 }
 
-void CachingAllocator::report(Finding f) { findings_.push(std::move(f)); }
+DeviceStats& CachingAllocator::dstats(int device) {
+    size_t i = device < 0 ? 0 : static_cast<size_t>(device);
+    if (i >= stats_.size()) stats_.resize(i + 1);
+    return stats_[i];
+}
 
-void CachingAllocator::note_active_peak() {
-    c_.peak_active_bytes = std::max(c_.peak_active_bytes, c_.live_bytes + c_.pending_bytes);
+bool CachingAllocator::events_frozen(int device) const {
+    (void)device;  // a capture on any device may be in global capture mode
+    return graph_pools_.any_capture_underway();
+}
+
+bool CachingAllocator::capturing(Stream stream) {
+    bool yes = false;
+    int code = 0;
+    if (rt_->stream_capturing(stream, &yes, &code) != Status::ok) {
+        runtime_error("stream_capturing", code, nullptr, stream);
+        return true;  // unknown: behave as during capture
+    }
+    return yes;
+}
+
+// The device of `stream`: the caller's hint, the runtime's answer (cached),
+// else the current device, else `fallback`.
+int CachingAllocator::device_of(Stream stream, int hint, int fallback) {
+    if (hint >= 0) return hint;
+    auto it = stream_devices_.find(stream);
+    if (it != stream_devices_.end()) return it->second;
+    int device = -1, code = 0;
+    if (rt_->stream_device(stream, &device, &code) == Status::ok) {
+        stream_devices_[stream] = device;
+        return device;
+    }
+    if (rt_->current_device(&device, &code) == Status::ok) return device;
+    return fallback;
+}
+
+void CachingAllocator::report(Finding f) {
+    trace(TraceKind::finding, nullptr, const_cast<void*>(f.stream), f.address);
+    findings_.push(std::move(f));
 }
 
 void CachingAllocator::runtime_error(const char* op, int code, const Block* b, Stream stream) {
@@ -101,14 +198,13 @@ void CachingAllocator::runtime_error(const char* op, int code, const Block* b, S
     report(std::move(f));
 }
 
-bool CachingAllocator::capturing(Stream stream) {
-    bool yes = false;
-    int code = 0;
-    if (rt_->stream_capturing(stream, &yes, &code) != Status::ok) {
-        runtime_error("stream_capturing", code, nullptr, stream);
-        return true;  // unknown: behave as during capture (no polling)
+void CachingAllocator::trace(TraceKind kind, const Block* b, Stream stream, const void* ptr) {
+    if (!trace_.enabled()) return;
+    if (b == nullptr) {
+        trace_.add(kind, -1, ptr, 0, stream, nullptr, 0);
+        return;
     }
-    return yes;
+    trace_.add(kind, b->device, ptr ? ptr : b->ptr, b->size, stream ? stream : b->stream, b->stream, b->generation);
 }
 
 // ---- allocation --------------------------------------------------------------
@@ -129,108 +225,121 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
     ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
-    PoolKey key{device, stream, rounded <= kSmallLimit};
-    // Pending blocks exist under the poll policy (and linger after a switch
-    // to stream_wait); never poll while the allocating stream captures.
-    if (!pending_.empty() && !capturing(stream)) process_events_locked();
-    Block* b = take_cached(key, rounded, stream);
+    bool capture = graph_pools_.any_capture_underway();
+    PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};
+    if (!capture) {
+        if (!deferred_.empty()) process_deferred();
+        // Pending blocks may have become reusable; never poll from a stream
+        // captured without torch's knowledge either.
+        if (!pending_.empty() && !capturing(stream)) process_events_locked();
+    }
+    Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
+    Block* b = take_cached(p, rounded, stream);
     if (b != nullptr) {
-        c_.cache_hits++;
-    } else if ((b = new_segment(key, rounded, stream)) == nullptr) {
+        dstats(device).count(CounterId::cache_hits);
+    } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
         return nullptr;
     }
     split(b, rounded);
-    b->state = BlockState::live;
-    b->requested = static_cast<size_t>(size);
-    live_[b->ptr] = b;
-    c_.allocations++;
-    c_.live_blocks++;
-    c_.live_bytes += b->size;
-    c_.requested_live_bytes += b->requested;
-    c_.peak_live_bytes = std::max(c_.peak_live_bytes, c_.live_bytes);
-    note_active_peak();
+    mark_live(b, static_cast<size_t>(size));
     return b->ptr;
 }
 
-Block* CachingAllocator::take_cached(const PoolKey& key, size_t size, Stream stream) {
-    auto pool_it = pools_.find(key);
-    if (pool_it == pools_.end()) return nullptr;
-    auto& pool = pool_it->second;
+Pool* CachingAllocator::pool(const PoolKey& key) {
+    Pool& p = pools_[key];
+    if (p.blocks.empty() && p.stream == nullptr) {
+        p.device = key.device;
+        p.stream = key.stream;
+        p.small = key.small;
+        p.id = key.id;
+    }
+    return &p;
+}
+
+void CachingAllocator::mark_live(Block* b, size_t requested) {
+    b->state = BlockState::live;
+    b->requested = requested;
+    book_.on_alloc(b);
+    DeviceStats& s = dstats(b->device);
+    auto n = static_cast<int64_t>(b->size);
+    s.add(StatId::allocation, b->small, 1);
+    s.add(StatId::allocated_bytes, b->small, n);
+    s.add(StatId::requested_bytes, b->small, static_cast<int64_t>(requested));
+    s.add(StatId::active, b->small, 1);
+    s.add(StatId::active_bytes, b->small, n);
+    trace(TraceKind::alloc, b, nullptr);
+}
+
+// Best fit in the pool.  A block carrying events is taken once the
+// allocating stream waits on them, never while a capture is underway (the
+// wait would pull outside work into the graph; the query is forbidden).
+Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
     Block probe;
     probe.size = size;
-    int during_capture = -1;  // asked once, only if a held block comes up
-    for (auto it = pool.lower_bound(&probe); it != pool.end(); ++it) {
-        Block* b = *it;
-        if (!b->held.empty()) {
-            // stream_wait policy: hand it out after a GPU-side wait on each
-            // held event; never during capture, where the wait would pull
-            // work from outside into the graph.
-            if (during_capture < 0) during_capture = capturing(stream) ? 1 : 0;
-            if (during_capture) continue;
-            bool waited = true;
-            for (Event e : b->held) {
-                int code = 0;
-                if (rt_->stream_wait_event(stream, e, &code) != Status::ok) {
-                    runtime_error("stream_wait_event", code, b, stream);
-                    waited = false;
-                    break;
-                }
-                c_.stream_waits++;
-            }
-            if (!waited) continue;
-            for (Event e : b->held) release_event(e, b->device);
-            b->held.clear();
+    int frozen = -1;  // asked once, only if a block with events comes up
+    for (auto it = p->blocks.lower_bound(&probe); it != p->blocks.end();) {
+        Block* b = *it++;
+        if (b->held.empty()) {
+            pool_erase(b);
+            return b;
         }
+        if (frozen < 0) frozen = events_frozen(p->device) || capturing(stream) ? 1 : 0;
+        if (frozen) continue;
         pool_erase(b);
-        return b;
+        if (wait_for_held(b, stream)) return b;
+        pool_insert(b);  // the wait failed (a finding says why): leave it
     }
     return nullptr;
 }
 
-Block* CachingAllocator::new_segment(const PoolKey& key, size_t size, Stream stream) {
-    size_t bytes = segment_size(size, key.small);
-    void* ptr = nullptr;
-    int code = 0;
-    Status s = rt_->malloc(&ptr, bytes, key.device, &code);
-    if (s == Status::out_of_memory) {
-        // Free what the cache holds and try once more.
-        c_.oom_retries++;
-        if (!capturing(stream)) process_events_locked();
-        release_free_segments();
-        s = rt_->malloc(&ptr, bytes, key.device, &code);
-    }
-    if (s != Status::ok) {
-        if (s == Status::out_of_memory) {
-            c_.oom_failures++;
-            Finding f;
-            f.kind = "out_of_memory";
-            f.op = "alloc";
-            f.size = static_cast<int64_t>(size);
-            f.device = key.device;
-            f.stream = stream;
-            f.code = code;
-            f.detail = "returned NULL after emptying the cache";
-            report(std::move(f));
-        } else {
-            runtime_error("malloc", code, nullptr, stream);
+// Makes `stream` wait on each of b's events still pending (all of them
+// under stream_wait) and releases them: the block is then safe on `stream`.
+bool CachingAllocator::wait_for_held(Block* b, Stream stream) {
+    bool waited = false;
+    for (const HeldEvent& h : b->held) {
+        int code = 0;
+        if (policy_ != Policy::stream_wait && rt_->event_query(h.event, &code) == Status::ok) continue;
+        if (rt_->stream_wait_event(stream, h.event, &code) != Status::ok) {
+            runtime_error("stream_wait_event", code, b, stream);
+            return false;
         }
-        return nullptr;
+        dstats(b->device).count(CounterId::stream_waits);
+        waited = true;
     }
-    auto* seg = new Segment{static_cast<char*>(ptr), bytes, key.device, stream, key.small, nullptr};
+    for (const HeldEvent& h : b->held) release_event(h.event, h.device);
+    b->held.clear();
+    if (waited) trace(TraceKind::reuse_wait, b, stream);
+    return true;
+}
+
+Block* CachingAllocator::new_segment(Pool* p, size_t size, Stream stream) {
+    Status s = Status::ok;
+    int code = 0;
+    Block* b = try_new_segment(p, size, &s, &code);
+    return b != nullptr ? b : out_of_memory_path(p, size, stream, s, code);
+}
+
+Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, int* code) {
+    size_t bytes = segment_size_for(size, p->small);
+    void* ptr = nullptr;
+    *status = device_malloc(&ptr, bytes, p->device, code);
+    if (*status != Status::ok) return nullptr;
+    auto* seg = new Segment{static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, nullptr};
     Block* b = new_block();
     b->ptr = seg->base;
     b->size = bytes;
-    b->device = key.device;
-    b->stream = stream;
-    b->small = key.small;
+    b->device = p->device;
+    b->stream = p->stream;
+    b->small = p->small;
     b->segment = seg;
-    b->pool = &pools_[key];
+    b->pool = p;
     seg->first = b;
     segments_[seg->base] = seg;
-    c_.segments++;
-    c_.segment_allocs++;
-    c_.reserved_bytes += bytes;
-    c_.peak_reserved_bytes = std::max(c_.peak_reserved_bytes, c_.reserved_bytes);
+    DeviceStats& st = dstats(p->device);
+    st.add(StatId::segment, p->small, 1);
+    st.add(StatId::reserved_bytes, p->small, static_cast<int64_t>(bytes));
+    st.count(CounterId::num_device_alloc);
+    trace(TraceKind::segment_alloc, b, nullptr);
     return b;
 }
 
@@ -265,16 +374,34 @@ void CachingAllocator::recycle_block(Block* b) {
     spare_blocks_.push_back(b);
 }
 
+// pool_insert/pool_erase keep the statistics of cached blocks; a cached
+// block's events or neighbours change only between an erase and an insert.
 void CachingAllocator::pool_insert(Block* b) {
-    b->pool->insert(b);
-    c_.cached_blocks++;
-    c_.cached_bytes += b->size;
+    b->pool->blocks.insert(b);
+    DeviceStats& s = dstats(b->device);
+    auto n = static_cast<int64_t>(b->size);
+    if (b->split()) {
+        s.add(StatId::inactive_split, b->small, 1);
+        s.add(StatId::inactive_split_bytes, b->small, n);
+    }
+    if (!b->held.empty()) {
+        s.add(StatId::waiting, b->small, 1);
+        s.add(StatId::waiting_bytes, b->small, n);
+    }
 }
 
 void CachingAllocator::pool_erase(Block* b) {
-    b->pool->erase(b);
-    c_.cached_blocks--;
-    c_.cached_bytes -= b->size;
+    b->pool->blocks.erase(b);
+    DeviceStats& s = dstats(b->device);
+    auto n = static_cast<int64_t>(b->size);
+    if (b->split()) {
+        s.add(StatId::inactive_split, b->small, -1);
+        s.add(StatId::inactive_split_bytes, b->small, -n);
+    }
+    if (!b->held.empty()) {
+        s.add(StatId::waiting, b->small, -1);
+        s.add(StatId::waiting_bytes, b->small, -n);
+    }
 }
 
 // Caches a block, merging it with cached neighbours of its segment.
@@ -293,112 +420,217 @@ void CachingAllocator::cache_block(Block* b) {
             if (n->next != nullptr) n->next->prev = b;
         }
         b->size += n->size;
-        b->held.insert(b->held.end(), n->held.begin(), n->held.end());
+        for (const HeldEvent& h : n->held) hold(b, h);
+        n->held.clear();
         recycle_block(n);
     }
     pool_insert(b);
+    if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
+    // a released graph pool gives its segments back as they become free
+    if (b->prev == nullptr && b->next == nullptr && b->held.empty()) release_free_segments(b->device, false);
 }
 
 // ---- free and validation ---------------------------------------------------
 
-bool CachingAllocator::freed_block_start(void* ptr) const {
-    char* p = static_cast<char*>(ptr);
-    auto it = segments_.upper_bound(p);
-    if (it == segments_.begin()) return false;
-    const Segment* seg = std::prev(it)->second;
-    for (const Block* b = seg->first; b != nullptr; b = b->next) {
-        if (b->ptr == p) return b->state != BlockState::live;
+void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) {
+    if (ptr == nullptr) return;  // the zero-byte allocation
+    std::lock_guard<std::mutex> lock(mu_);
+    Block* b = book_.live(ptr);
+    if (b == nullptr) {
+        report_bad_free(ptr, size, device, stream);
+        return;
+    }
+    if (stale_free(ptr, size, device, stream, b)) return;
+    book_.on_free(b);
+    DeviceStats& s = dstats(b->device);
+    auto n = static_cast<int64_t>(b->size);
+    s.add(StatId::allocation, b->small, -1);
+    s.add(StatId::allocated_bytes, b->small, -n);
+    s.add(StatId::requested_bytes, b->small, -static_cast<int64_t>(b->requested));
+    trace(TraceKind::free, b, nullptr);
+    if (!b->uses.empty() && !graph_pools_.any_capture_underway() && !deferred_.empty()) process_deferred();
+    if (needs_capture_deferral(b)) {
+        b->state = BlockState::deferred;
+        deferred_.push_back(b);
+        s.add(StatId::pending, b->small, 1);
+        s.add(StatId::pending_bytes, b->small, n);
+        s.count(CounterId::capture_deferred_frees);
+        return;
+    }
+    finish_free(b);
+}
+
+// A free that does not match the live owner but does match the last owner
+// that freed this address is a stale (double) free: reported, not executed,
+// so the new owner keeps its memory.  Other mismatches are reported and the
+// block is freed.
+bool CachingAllocator::stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b) {
+    bool size_ok = size == static_cast<ssize_t>(b->requested);
+    bool stream_ok = stream == b->stream && device == b->device;
+    if (size_ok && stream_ok) return false;
+    const Address* a = book_.find(ptr);
+    Finding f;
+    f.op = "free";
+    f.address = ptr;
+    f.size = size;
+    f.expected_size = static_cast<int64_t>(b->requested);
+    f.device = b->device;
+    f.alloc_stream = b->stream;
+    f.stream = stream;
+    f.generation = b->generation;
+    if (a != nullptr && a->freed && static_cast<ssize_t>(a->freed_size) == size && a->freed_stream == stream) {
+        f.kind = "double_free";
+        f.detail = "a stale free: the address was freed before and now belongs to a new owner "
+                   "(generation " + std::to_string(b->generation) + "); the new owner's block was not freed";
+        report(std::move(f));
+        return true;
+    }
+    f.kind = size_ok ? "stream_mismatch" : "size_mismatch";
+    f.detail = size_ok ? "freed with another stream or device than it was allocated on; freed anyway"
+                       : "freed with another size than it was allocated with; freed anyway";
+    report(std::move(f));
+    return false;
+}
+
+void CachingAllocator::report_bad_free(void* ptr, ssize_t size, int device, Stream stream) {
+    Finding f;
+    f.op = "free";
+    f.address = ptr;
+    f.size = size;
+    f.device = device;
+    f.stream = stream;
+    const Address* a = book_.find(ptr);
+    if (a != nullptr && a->freed) {
+        f.kind = "double_free";
+        f.generation = a->generation;
+        f.detail = "the address was already freed by its last owner";
+    } else if (block_containing(ptr) != nullptr) {
+        f.kind = "interior_pointer";
+        f.detail = "the address is inside a live block, not its start; nothing was freed";
+    } else {
+        f.kind = "unknown_pointer";
+    }
+    report(std::move(f));
+}
+
+bool CachingAllocator::needs_capture_deferral(const Block* b) {
+    for (const StreamUse& u : b->uses) {
+        if (!u.recorded) continue;
+        if (graph_pools_.any_capture_underway() || capturing(u.stream)) return true;
     }
     return false;
 }
 
-void CachingAllocator::free(void* ptr, ssize_t size) {
-    if (ptr == nullptr) return;  // the zero-byte allocation
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) {
-        Finding f;
-        f.kind = freed_block_start(ptr) ? "double_free" : "unknown_pointer";
-        f.op = "free";
-        f.address = ptr;
-        f.size = size;
-        report(std::move(f));
-        return;
+// The free's events: recorded streams get one recorded now; record_use
+// events are kept; a noted use still queued is a finding.  Then settle.
+void CachingAllocator::finish_free(Block* b) {
+    bool frozen = graph_pools_.any_capture_underway();
+    if (quarantine_.enabled()) {
+        b->last_streams.clear();
+        for (const StreamUse& u : b->uses) b->last_streams.push_back(u.stream);
     }
-    Block* b = it->second;
-    live_.erase(it);
-    if (size != static_cast<ssize_t>(b->requested)) {
-        Finding f;
-        f.kind = "size_mismatch";
-        f.op = "free";
-        f.address = ptr;
-        f.size = size;
-        f.expected_size = static_cast<int64_t>(b->requested);
-        f.device = b->device;
-        f.alloc_stream = b->stream;
-        report(std::move(f));
-    }
-    c_.frees++;
-    c_.live_blocks--;
-    c_.live_bytes -= b->size;
-    c_.requested_live_bytes -= b->requested;
-
     for (StreamUse& u : b->uses) {
+        int ev_device = u.event != nullptr ? u.event_device : device_of(u.stream, -1, b->device);
         if (u.recorded) {
-            // record_stream: wait for everything queued on u.stream by now.
-            if (u.event == nullptr) u.event = acquire_event(b->device);
+            if (u.event == nullptr) u.event = acquire_event(ev_device);
             if (u.event != nullptr && record(u.event, u.stream, b, "record_event(free)")) {
-                b->held.push_back(u.event);
+                hold(b, HeldEvent{u.stream, u.event, ev_device, event_seq_, true});
+            } else if (u.event != nullptr) {
+                release_event(u.event, ev_device);
             }
             continue;
         }
         if (u.event == nullptr) continue;
         if (u.noted) {
             int code = 0;
-            Status s = capturing(u.stream) ? Status::not_ready : rt_->event_query(u.event, &code);
+            Status s = frozen ? Status::not_ready : rt_->event_query(u.event, &code);
             if (s == Status::ok) {  // the unrecorded use already finished
-                release_event(u.event, b->device);
+                release_event(u.event, ev_device);
                 continue;
             }
             Finding f;
             f.kind = "unrecorded_use";
             f.op = "free";
-            f.address = ptr;
+            f.address = b->ptr;
             f.size = static_cast<int64_t>(b->requested);
             f.device = b->device;
             f.alloc_stream = b->stream;
             f.stream = u.stream;
+            f.generation = b->generation;
             f.detail = "freed while a use on another stream, neither recorded nor finished, was queued; reuse deferred";
             report(std::move(f));
         }
-        b->held.push_back(u.event);
+        hold(b, HeldEvent{u.stream, u.event, ev_device, u.seq, u.noted});
     }
     b->uses.clear();
-    if (b->held.empty()) {
-        cache_block(b);
+    if (!b->held.empty()) dstats(b->device).count(CounterId::deferred_frees);
+    settle(b);
+}
+
+// Whether a freed block may enter its pool with the events it holds.
+bool CachingAllocator::ready_for_pool(const Block* b) const {
+    if (b->held.empty()) return true;
+    if (quarantine_.enabled() || policy_ == Policy::poll) return false;
+    return policy_ == Policy::stream_wait || !b->must_fire();
+}
+
+void CachingAllocator::settle(Block* b) {
+    DeviceStats& s = dstats(b->device);
+    auto n = static_cast<int64_t>(b->size);
+    bool was_pending = b->state == BlockState::pending || b->state == BlockState::deferred;
+    if (!ready_for_pool(b)) {
+        if (!was_pending) {
+            s.add(StatId::pending, b->small, 1);
+            s.add(StatId::pending_bytes, b->small, n);
+            trace(TraceKind::pending, b, nullptr);
+        }
+        b->state = BlockState::pending;
+        pending_.push_back(b);
         return;
     }
-    c_.deferred_frees++;
-    if (policy_ == Policy::stream_wait) {
-        cache_block(b);
+    if (was_pending) {
+        s.add(StatId::pending, b->small, -1);
+        s.add(StatId::pending_bytes, b->small, -n);
+    }
+    s.add(StatId::active, b->small, -1);
+    s.add(StatId::active_bytes, b->small, -n);
+    release(b);
+}
+
+void CachingAllocator::release(Block* b) {
+    trace(TraceKind::reusable, b, nullptr);
+    if (quarantine_.enabled() && b->pool->id.eager()) {
+        quarantine(b);
         return;
     }
-    b->state = BlockState::pending;
-    pending_.push_back(b);
-    c_.pending_blocks++;
-    c_.pending_bytes += b->size;
+    cache_block(b);
 }
 
 // ---- record_stream / record_use ------------------------------------------------
 
+Block* CachingAllocator::block_containing(void* ptr) const {
+    char* p = static_cast<char*>(ptr);
+    auto it = segments_.upper_bound(p);
+    if (it == segments_.begin()) return nullptr;
+    const Segment* seg = std::prev(it)->second;
+    if (p >= seg->base + seg->size) return nullptr;
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
+        if (p >= b->ptr && p < b->ptr + b->size) return b->state == BlockState::live ? b : nullptr;
+    }
+    return nullptr;
+}
+
 Block* CachingAllocator::live_block(void* ptr, const char* op, Stream stream) {
-    auto it = live_.find(ptr);
-    if (it != live_.end()) return it->second;
+    Block* b = book_.live(ptr);
+    if (b == nullptr) b = block_containing(ptr);  // a view's address
+    if (b != nullptr) return b;
     Finding f;
-    f.kind = freed_block_start(ptr) ? "use_after_free" : "unknown_pointer";
+    const Address* a = book_.find(ptr);
+    f.kind = a != nullptr && a->freed ? "use_after_free" : "unknown_pointer";
     f.op = op;
     f.address = ptr;
     f.stream = stream;
+    if (a != nullptr) f.generation = a->generation;
     report(std::move(f));
     return nullptr;
 }
@@ -407,242 +639,60 @@ StreamUse& CachingAllocator::use_of(Block* b, Stream stream) {
     for (StreamUse& u : b->uses) {
         if (u.stream == stream) return u;
     }
-    b->uses.push_back(StreamUse{stream, nullptr, false, false});
+    b->uses.push_back(StreamUse{stream, nullptr, 0, false, false});
     return b->uses.back();
 }
 
-int CachingAllocator::record_stream(void* ptr, Stream stream) {
+int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device) {
     std::lock_guard<std::mutex> lock(mu_);
+    ensure_runtime();
     Block* b = live_block(ptr, "record_stream", stream);
     if (b == nullptr) return -1;
-    if (stream != b->stream) use_of(b, stream).recorded = true;
+    if (stream == b->stream) return 0;
+    if (stream_device >= 0) stream_devices_[stream] = stream_device;
+    use_of(b, stream).recorded = true;
+    trace(TraceKind::record_stream, b, stream);
     return 0;
 }
 
 int CachingAllocator::erase_stream(void* ptr, Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
+    ensure_runtime();
     Block* b = live_block(ptr, "erase_stream", stream);
     if (b == nullptr) return -1;
     for (StreamUse& u : b->uses) {
         if (u.stream == stream) u.recorded = false;
     }
+    trace(TraceKind::erase_stream, b, stream);
     return 0;
 }
 
-int CachingAllocator::record_use(void* ptr, Stream stream, bool noted) {
+int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bool noted) {
     std::lock_guard<std::mutex> lock(mu_);
+    ensure_runtime();
     Block* b = live_block(ptr, noted ? "note_use" : "record_use", stream);
     if (b == nullptr) return -1;
     if (stream == b->stream) return 0;  // the free itself is ordered after it
     StreamUse& u = use_of(b, stream);
     if (u.recorded && noted) return 0;  // record_stream covers it already
-    if (capturing(stream)) {
+    if (graph_pools_.any_capture_underway() || capturing(stream)) {
         // An event recorded inside a graph can't be polled later: fall back to
         // record_stream, which records at the free (after the capture).
         u.recorded = true;
+        trace(TraceKind::record_stream, b, stream);
         return 0;
     }
-    if (u.event == nullptr && (u.event = acquire_event(b->device)) == nullptr) return -1;
+    if (u.event == nullptr) {
+        u.event_device = device_of(stream, stream_device, b->device);
+        if ((u.event = acquire_event(u.event_device)) == nullptr) return -1;
+    }
     // One live event per stream: re-recording subsumes the earlier record,
     // since the stream runs in order.
     if (!record(u.event, stream, b, noted ? "record_event(note_use)" : "record_event(record_use)")) return -1;
+    u.seq = event_seq_;
     u.noted = noted;
+    trace(noted ? TraceKind::note_use : TraceKind::record_use, b, stream);
     return 0;
-}
-
-// ---- events ---------------------------------------------------------------------
-
-Event CachingAllocator::acquire_event(int device) {
-    auto& pool = event_pool_[device];
-    if (!pool.empty()) {
-        Event e = pool.back();
-        pool.pop_back();
-        return e;
-    }
-    Event e = nullptr;
-    int code = 0;
-    if (rt_->event_create(&e, device, &code) != Status::ok) {
-        runtime_error("event_create", code, nullptr, nullptr);
-        return nullptr;
-    }
-    c_.events_created++;
-    return e;
-}
-
-void CachingAllocator::release_event(Event e, int device) { event_pool_[device].push_back(e); }
-
-void CachingAllocator::destroy_event(Event e, int device) {
-    int code = 0;
-    if (rt_->event_destroy(e, device, &code) != Status::ok) runtime_error("event_destroy", code, nullptr, nullptr);
-}
-
-bool CachingAllocator::record(Event e, Stream stream, Block* b, const char* op) {
-    int code = 0;
-    if (rt_->event_record(e, stream, &code) != Status::ok) {
-        runtime_error(op, code, b, stream);
-        return false;
-    }
-    c_.events_recorded++;
-    return true;
-}
-
-void CachingAllocator::process_events() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (rt_ != nullptr) process_events_locked();
-}
-
-// Releases the held events of `b` that have fired; true when none is left.
-bool CachingAllocator::drop_fired_events(Block* b) {
-    auto keep = b->held.begin();
-    for (Event e : b->held) {
-        int code = 0;
-        Status s = rt_->event_query(e, &code);
-        if (s == Status::ok) {
-            release_event(e, b->device);
-            continue;
-        }
-        if (s != Status::not_ready) runtime_error("event_query", code, b, nullptr);
-        *keep++ = e;
-    }
-    b->held.erase(keep, b->held.end());
-    return b->held.empty();
-}
-
-void CachingAllocator::process_events_locked() {
-    auto still_pending = pending_.begin();
-    for (Block* b : pending_) {
-        if (!drop_fired_events(b)) {
-            *still_pending++ = b;
-            continue;
-        }
-        c_.pending_blocks--;
-        c_.pending_bytes -= b->size;
-        cache_block(b);
-    }
-    pending_.erase(still_pending, pending_.end());
-}
-
-// ---- cache release, stats, snapshot, reset --------------------------------------------
-
-void CachingAllocator::empty_cache() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (rt_ == nullptr) return;
-    process_events_locked();
-    // Under stream_wait, cached blocks may still hold events that have fired.
-    for (auto& entry : segments_) {
-        for (Block* b = entry.second->first; b != nullptr; b = b->next) {
-            if (b->state == BlockState::cached && !b->held.empty()) drop_fired_events(b);
-        }
-    }
-    release_free_segments();
-}
-
-void CachingAllocator::release_free_segments() {
-    for (auto it = segments_.begin(); it != segments_.end();) {
-        Segment* seg = it->second;
-        Block* b = seg->first;
-        bool whole = b->next == nullptr && b->state == BlockState::cached && b->held.empty();
-        if (!whole) {
-            ++it;
-            continue;
-        }
-        int code = 0;
-        if (rt_->free(seg->base, seg->device, &code) != Status::ok) {
-            runtime_error("free", code, b, nullptr);
-            ++it;
-            continue;
-        }
-        pool_erase(b);
-        recycle_block(b);
-        c_.segments--;
-        c_.segment_frees++;
-        c_.reserved_bytes -= seg->size;
-        it = segments_.erase(it);
-        delete seg;
-    }
-}
-
-void CachingAllocator::stats(npl_stats* out) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    *out = npl_stats{c_.live_bytes, c_.live_blocks, c_.cached_bytes, c_.cached_blocks,
-                     c_.pending_bytes, c_.pending_blocks, c_.reserved_bytes, c_.segments,
-                     c_.peak_live_bytes, c_.peak_reserved_bytes, c_.peak_active_bytes,
-                     c_.requested_live_bytes,
-                     c_.allocations, c_.frees, c_.cache_hits,
-                     c_.segment_allocs, c_.segment_frees, c_.oom_retries, c_.oom_failures,
-                     c_.events_created, c_.events_recorded, c_.stream_waits,
-                     c_.deferred_frees, findings_.total(), findings_.dropped()};
-}
-
-void CachingAllocator::reset_peak() {
-    std::lock_guard<std::mutex> lock(mu_);
-    c_.peak_live_bytes = c_.live_bytes;
-    c_.peak_reserved_bytes = c_.reserved_bytes;
-    c_.peak_active_bytes = c_.live_bytes + c_.pending_bytes;
-}
-
-std::string CachingAllocator::snapshot_json() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    Json j;
-    j.open_object().key("runtime").value(rt_ ? rt_->name : "none");
-    j.key("policy").value(policy_ == Policy::poll ? "poll" : "stream_wait");
-    j.key("segments").open_array();
-    for (const auto& entry : segments_) {
-        const Segment* seg = entry.second;
-        j.open_object().key("address").pointer(seg->base).key("size").value(static_cast<uint64_t>(seg->size));
-        j.key("device").value(seg->device).key("stream").pointer(seg->stream);
-        j.key("pool").value(seg->small ? "small" : "large").key("blocks").open_array();
-        for (const Block* b = seg->first; b != nullptr; b = b->next) {
-            j.open_object().key("address").pointer(b->ptr).key("size").value(static_cast<uint64_t>(b->size));
-            if (b->state == BlockState::live) j.key("requested").value(static_cast<uint64_t>(b->requested));
-            j.key("state").value(state_name(b->state)).key("alloc_stream").pointer(b->stream);
-            j.key("recorded_streams").open_array();
-            for (const StreamUse& u : b->uses) {
-                if (u.recorded) j.pointer(u.stream);
-            }
-            j.close_array().key("use_events").open_array();
-            for (const StreamUse& u : b->uses) {
-                if (u.event == nullptr) continue;
-                j.open_object().key("stream").pointer(u.stream);
-                j.key("kind").value(u.noted ? "note_use" : "record_use").close_object();
-            }
-            j.close_array().key("held_events").value(static_cast<uint64_t>(b->held.size()));
-            j.close_object();
-        }
-        j.close_array().close_object();
-    }
-    j.close_array().close_object();
-    return j.str();
-}
-
-void CachingAllocator::reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& entry : segments_) {
-        Segment* seg = entry.second;
-        for (Block* b = seg->first; b != nullptr;) {
-            for (const StreamUse& u : b->uses) {
-                if (u.event != nullptr) destroy_event(u.event, b->device);
-            }
-            for (Event e : b->held) destroy_event(e, b->device);
-            Block* next = b->next;
-            delete b;
-            b = next;
-        }
-        int code = 0;
-        if (rt_->free(seg->base, seg->device, &code) != Status::ok) runtime_error("free", code, nullptr, nullptr);
-        delete seg;
-    }
-    for (auto& entry : event_pool_) {
-        for (Event e : entry.second) destroy_event(e, entry.first);
-    }
-    for (Block* b : spare_blocks_) delete b;
-    segments_.clear();
-    pools_.clear();
-    live_.clear();
-    pending_.clear();
-    spare_blocks_.clear();
-    event_pool_.clear();
-    c_ = Counters();
 }
 
 }  // namespace npl

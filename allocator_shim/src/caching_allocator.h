@@ -1,5 +1,6 @@
-// The caching allocator: blocks cached per (device, stream), carved from
-// segments, with per-block recorded streams and use events.
+// The caching allocator: blocks cached per (device, stream, size class,
+// graph pool), carved from segments, with per-block recorded streams and
+// use events.  Its invariants are stated at the top of caching_allocator.cpp.
 #pragma once
 
 #include <sys/types.h>
@@ -8,79 +9,26 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "address_book.h"
+#include "block.h"
 #include "findings.h"
+#include "graph_pools.h"
+#include "quarantine.h"
 #include "runtime.h"
-
-struct npl_stats;
+#include "stats.h"
+#include "trace.h"
 
 namespace npl {
 
-enum class BlockState : uint8_t { live, pending, cached };
-enum class Policy : int { poll = 0, stream_wait = 1 };
-
-// What a block knows about one stream other than its allocation stream.
-struct StreamUse {
-    Stream stream = nullptr;
-    Event event = nullptr;  // the one live use event on this stream, if any
-    bool recorded = false;  // record_stream: record an event here at the free
-    bool noted = false;     // `event` witnesses a use nothing recorded
-};
-
-struct Segment;
-struct Block;
-
-struct BlockBySize {
-    bool operator()(const Block* a, const Block* b) const;
-};
-using Pool = std::set<Block*, BlockBySize>;
-
-struct Block {
-    char* ptr = nullptr;
-    size_t size = 0;       // rounded size
-    size_t requested = 0;  // what the live owner asked for
-    int device = 0;
-    Stream stream = nullptr;  // allocation stream: the pool it belongs to
-    bool small = false;
-    Segment* segment = nullptr;
-    Pool* pool = nullptr;   // where it is cached: its (device, stream, small) pool
-    Block* prev = nullptr;  // neighbours inside the segment
-    Block* next = nullptr;
-    BlockState state = BlockState::cached;
-    std::vector<StreamUse> uses;
-    std::vector<Event> held;  // events to wait for before the memory is reused
-};
-
-struct Segment {
-    char* base = nullptr;
-    size_t size = 0;
-    int device = 0;
-    Stream stream = nullptr;
-    bool small = false;
-    Block* first = nullptr;
-};
-
-inline bool BlockBySize::operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-}
-
-struct PoolKey {
-    int device;
-    Stream stream;
-    bool small;
-    bool operator==(const PoolKey& o) const {
-        return device == o.device && stream == o.stream && small == o.small;
-    }
-};
-
-struct PoolKeyHash {
-    size_t operator()(const PoolKey& k) const {
-        return std::hash<const void*>()(k.stream) ^ (static_cast<size_t>(k.device) << 1) ^ (k.small ? 0x9e37 : 0);
-    }
+enum class Policy : int {
+    poll = 0,         // a freed block waiting on events is reusable once they all fired (polled)
+    stream_wait = 1,  // reusable at once; the allocating stream waits GPU-side on its events
+    lazy_wait = 2,    // record_use events: reusable at once, waited GPU-side only if still pending
+                      // at reuse; record_stream / note_use events: held until fired (torch's rule)
 };
 
 class CachingAllocator {
@@ -94,27 +42,69 @@ class CachingAllocator {
     const Runtime* runtime() const;
 
     void* allocate(ssize_t size, int device, Stream stream);
-    void free(void* ptr, ssize_t size);
-    int record_stream(void* ptr, Stream stream);
+    void free(void* ptr, ssize_t size, int device, Stream stream);
+    // `ptr` may point anywhere inside a live block; `stream_device` is the
+    // stream's device when the caller knows it, else -1.
+    int record_stream(void* ptr, Stream stream, int stream_device);
     int erase_stream(void* ptr, Stream stream);
-    int record_use(void* ptr, Stream stream, bool noted);
+    int record_use(void* ptr, Stream stream, int stream_device, bool noted);
 
     void set_policy(Policy p);
     Policy policy() const;
+    // Debug mode: freed blocks are poisoned and quarantined (0: off).
+    void set_debug(bool enabled, size_t quarantine_bytes);
+    bool debug() const;
+    void init(int device_count);
+    bool set_memory_fraction(double fraction, int device);
+    double memory_fraction(int device) const;
+    void* base_allocation(void* ptr, size_t* size) const;
+
+    // Graph capture (see graph_pools.h).
+    void begin_allocate_to_pool(int device, PoolId id, StreamFilter filter);
+    void end_allocate_to_pool(int device, PoolId id);
+    void release_pool(int device, PoolId id);
+    std::vector<void*> pool_live_allocations(int device, PoolId id) const;
+
     void process_events();
     void empty_cache();
-    void stats(npl_stats* out) const;
-    void reset_peak();
+    void stats(int device, uint64_t* out) const;
+    void reset_peak(int device);
+    void reset_accumulated(int device);
     std::string snapshot_json() const;
+    void configure_trace(bool enabled, size_t capacity);
+    std::string drain_trace_json();
     void reset();
+
+    // pthread_atfork: the allocator's state is consistent in the child.
+    void lock_for_fork();
+    void unlock_after_fork();
 
    private:
     // All private members run with mu_ held.
     bool ensure_runtime();
+    DeviceStats& dstats(int device);
+    bool events_frozen(int device) const;  // a capture is underway: no event queries or waits
     bool capturing(Stream stream);
-    Block* take_cached(const PoolKey& key, size_t size, Stream stream);
-    Block* new_segment(const PoolKey& key, size_t size, Stream stream);
+    int device_of(Stream stream, int hint, int fallback);
+
+    // allocation
+    Pool* pool(const PoolKey& key);
+    Block* take_cached(Pool* pool, size_t size, Stream stream);
+    bool wait_for_held(Block* b, Stream stream);
+    Block* new_segment(Pool* pool, size_t size, Stream stream);
+    Block* try_new_segment(Pool* pool, size_t size, Status* status, int* code);
+    Block* out_of_memory_path(Pool* pool, size_t size, Stream stream, Status first, int code);
+    Status device_malloc(void** ptr, size_t bytes, int device, int* code);
     void split(Block* b, size_t size);
+    void mark_live(Block* b, size_t requested);
+
+    // free
+    bool stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b);
+    void report_bad_free(void* ptr, ssize_t size, int device, Stream stream);
+    bool needs_capture_deferral(const Block* b);
+    void finish_free(Block* b);
+    void settle(Block* b);  // a freed block with its held events decided: pending, cached or quarantined
+    void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
     void pool_insert(Block* b);
     void pool_erase(Block* b);
@@ -122,37 +112,59 @@ class CachingAllocator {
     void recycle_block(Block* b);
     StreamUse& use_of(Block* b, Stream stream);
     Block* live_block(void* ptr, const char* op, Stream stream);
-    bool freed_block_start(void* ptr) const;
+    Block* block_containing(void* ptr) const;
+
+    // events
     Event acquire_event(int device);
     void release_event(Event e, int device);
     bool record(Event e, Stream stream, Block* b, const char* op);
+    void hold(Block* b, const HeldEvent& h);  // keeps one event per stream: the later
+    bool ready_for_pool(const Block* b) const;
     bool drop_fired_events(Block* b);
+    void drop_fired_events_of_cached(int device);
+    void synchronize_held_events(int device);
     void process_events_locked();
-    void release_free_segments();
+    void process_deferred();
     void destroy_event(Event e, int device);
+
+    // debug mode
+    void quarantine(Block* b);
+    void trim_quarantine(bool all);
+    void check_poison(Block* b);
+
+    // segments
+    void release_free_segments(int device, bool any_device);
+    bool segment_releasable(const Segment* seg) const;
+
     void runtime_error(const char* op, int code, const Block* b, Stream stream);
     void report(Finding f);
-    void note_active_peak();
+    void trace(TraceKind kind, const Block* b, Stream stream, const void* ptr = nullptr);
+    void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
     mutable std::mutex mu_;
     const Runtime* rt_ = nullptr;
-    Policy policy_ = Policy::poll;
+    Policy policy_ = Policy::lazy_wait;
     std::unordered_map<PoolKey, Pool, PoolKeyHash> pools_;  // nodes are stable: blocks point into it
-    std::unordered_map<void*, Block*> live_;
+    AddressBook book_;
     std::map<char*, Segment*> segments_;
     std::vector<Block*> pending_;
+    std::vector<Block*> deferred_;
     std::vector<Block*> spare_blocks_;
     std::unordered_map<int, std::vector<Event>> event_pool_;
-
-    struct Counters {
-        uint64_t live_bytes = 0, live_blocks = 0, cached_bytes = 0, cached_blocks = 0;
-        uint64_t pending_bytes = 0, pending_blocks = 0, reserved_bytes = 0, segments = 0;
-        uint64_t peak_live_bytes = 0, peak_reserved_bytes = 0, peak_active_bytes = 0, requested_live_bytes = 0;
-        uint64_t allocations = 0, frees = 0, cache_hits = 0, segment_allocs = 0, segment_frees = 0;
-        uint64_t oom_retries = 0, oom_failures = 0, events_created = 0, events_recorded = 0;
-        uint64_t stream_waits = 0, deferred_frees = 0;
-    } c_;
+    std::unordered_map<Stream, int> stream_devices_;
+    GraphPools graph_pools_;
+    Quarantine quarantine_;
+    TraceRing trace_;
+    std::vector<DeviceStats> stats_;
+    std::vector<double> fractions_;  // per device; 0: no limit
+    uint64_t event_seq_ = 0;
+    int device_count_ = 0;
 };
+
+size_t segment_size_for(size_t size, bool small);
+
+// The message of this thread's last failed allocation ("" if none).
+const std::string& last_oom_message();
 
 }  // namespace npl

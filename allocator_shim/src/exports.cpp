@@ -1,59 +1,72 @@
 // The C ABI: one process-wide allocator; no exception crosses this boundary.
-#include <atomic>
+#include <pthread.h>
+
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <string>
+#include <vector>
 
-#include "caching_allocator.h"
+#include "json.h"
 #include "npu_lifetime_shim.h"
 #include "runtime_sim.h"
+#include "shim.h"
 
 #define NPL_EXPORT extern "C" __attribute__((visibility("default")))
 
+namespace npl {
+
+thread_local long HookSlot::depth_ = 0;
+
 namespace {
 
-struct Shim {
-    npl::FindingQueue findings;
-    npl::CachingAllocator allocator{findings};
-    std::mutex error_mu;
-    std::string last_error;
-    std::atomic<npl_alloc_hook> on_alloc{nullptr};
-    std::atomic<npl_free_hook> on_free{nullptr};
-    std::atomic<void*> hook_ctx{nullptr};
-};
+void lock_for_fork() {
+    Shim& s = shim();
+    s.allocator.lock_for_fork();
+    s.findings.lock_for_fork();
+    sim::lock_for_fork();
+}
 
-// Never destroyed: torch may free tensors during interpreter exit, after
-// static destructors would have run.
+void unlock_in_parent() {
+    Shim& s = shim();
+    sim::unlock_after_fork();
+    s.findings.unlock_after_fork();
+    s.allocator.unlock_after_fork();
+}
+
+void unlock_in_child() {
+    unlock_in_parent();
+    shim().hooks.after_fork_in_child();
+}
+
+}  // namespace
+
 Shim& shim() {
-    static Shim* s = new Shim();
+    static Shim* s = [] {
+        auto* created = new Shim();
+        // fork(): no lock of the shim may be held by a thread the child lacks.
+        pthread_atfork(lock_for_fork, unlock_in_parent, unlock_in_child);
+        return created;
+    }();
     return *s;
 }
 
-void internal_error(const char* op, const char* what) {
-    npl::Finding f;
-    f.kind = "internal_error";
-    f.op = op;
-    f.detail = what;
+void internal_error(const char* op, const char* what) noexcept {
     try {
+        Finding f;
+        f.kind = "internal_error";
+        f.op = op;
+        f.detail = what;
         shim().findings.push(std::move(f));
     } catch (...) {
     }
 }
 
-// Runs `body`, turning any exception into an internal_error finding.
-template <typename T, typename Body>
-T guarded(const char* op, T fallback, Body body) noexcept {
-    try {
-        return body();
-    } catch (const std::exception& e) {
-        internal_error(op, e.what());
-    } catch (...) {
-        internal_error(op, "unknown exception");
-    }
-    return fallback;
-}
+}  // namespace npl
+
+namespace {
+
+using npl::guarded;
+using npl::shim;
 
 char* copy_string(const std::string& s) {
     char* out = static_cast<char*>(std::malloc(s.size() + 1));
@@ -66,43 +79,59 @@ void set_error(const std::string& why) {
     shim().last_error = why;
 }
 
+template <typename Body>
+void guarded_void(const char* op, Body body) noexcept {
+    guarded(op, 0, [&] {
+        body();
+        return 0;
+    });
+}
+
+npl::PoolId pool_id(uint64_t id0, uint64_t id1) { return npl::PoolId{id0, id1}; }
+
 }  // namespace
 
 NPL_EXPORT void* npl_alloc(ssize_t size, int device, void* stream) {
     void* p = guarded("alloc", static_cast<void*>(nullptr),
                       [&] { return shim().allocator.allocate(size, device, stream); });
-    npl_alloc_hook hook = shim().on_alloc.load();
-    if (hook != nullptr && p != nullptr) hook(p, static_cast<size_t>(size), device, stream, shim().hook_ctx.load());
+    if (p != nullptr) {
+        shim().hooks.call([&](const npl::HookSlot::Hooks& h) {
+            if (h.on_alloc != nullptr) h.on_alloc(p, static_cast<size_t>(size), device, stream, h.ctx);
+        });
+    }
     return p;
 }
 
 NPL_EXPORT void npl_free(void* ptr, ssize_t size, int device, void* stream) {
-    npl_free_hook hook = shim().on_free.load();
-    if (hook != nullptr && ptr != nullptr) hook(ptr, static_cast<size_t>(size), device, stream, shim().hook_ctx.load());
-    guarded("free", 0, [&] {
-        shim().allocator.free(ptr, size);
-        return 0;
+    if (ptr == nullptr) return;
+    shim().hooks.call([&](const npl::HookSlot::Hooks& h) {
+        if (h.on_free != nullptr) h.on_free(ptr, static_cast<size_t>(size), device, stream, h.ctx);
     });
+    guarded_void("free", [&] { shim().allocator.free(ptr, size, device, stream); });
 }
 
-NPL_EXPORT int npl_record_stream(void* ptr, void* stream) {
-    return guarded("record_stream", -1, [&] { return shim().allocator.record_stream(ptr, stream); });
+NPL_EXPORT int npl_record_stream(void* ptr, void* stream) { return npl_record_stream_device(ptr, stream, -1); }
+
+NPL_EXPORT int npl_record_stream_device(void* ptr, void* stream, int stream_device) {
+    return guarded("record_stream", -1, [&] { return shim().allocator.record_stream(ptr, stream, stream_device); });
 }
 
 NPL_EXPORT int npl_erase_stream(void* ptr, void* stream) {
     return guarded("erase_stream", -1, [&] { return shim().allocator.erase_stream(ptr, stream); });
 }
 
-NPL_EXPORT int npl_record_use(void* ptr, void* stream) {
-    return guarded("record_use", -1, [&] { return shim().allocator.record_use(ptr, stream, false); });
+NPL_EXPORT int npl_record_use(void* ptr, void* stream) { return npl_record_use_device(ptr, stream, -1); }
+
+NPL_EXPORT int npl_record_use_device(void* ptr, void* stream, int stream_device) {
+    return guarded("record_use", -1, [&] { return shim().allocator.record_use(ptr, stream, stream_device, false); });
 }
 
 NPL_EXPORT int npl_note_use(void* ptr, void* stream) {
-    return guarded("note_use", -1, [&] { return shim().allocator.record_use(ptr, stream, true); });
+    return guarded("note_use", -1, [&] { return shim().allocator.record_use(ptr, stream, -1, true); });
 }
 
 NPL_EXPORT int npl_set_policy(int policy) {
-    if (policy != NPL_POLICY_POLL && policy != NPL_POLICY_STREAM_WAIT) return -1;
+    if (policy != NPL_POLICY_POLL && policy != NPL_POLICY_STREAM_WAIT && policy != NPL_POLICY_LAZY_WAIT) return -1;
     return guarded("set_policy", -1, [&] {
         shim().allocator.set_policy(static_cast<npl::Policy>(policy));
         return 0;
@@ -113,35 +142,95 @@ NPL_EXPORT int npl_get_policy(void) {
     return guarded("get_policy", -1, [] { return static_cast<int>(shim().allocator.policy()); });
 }
 
+NPL_EXPORT void npl_set_debug(int enabled, uint64_t quarantine_bytes) {
+    guarded_void("set_debug", [&] { shim().allocator.set_debug(enabled != 0, quarantine_bytes); });
+}
+
+NPL_EXPORT int npl_get_debug(void) {
+    return guarded("get_debug", 0, [] { return shim().allocator.debug() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_process_events(void) {
-    guarded("process_events", 0, [] {
-        shim().allocator.process_events();
-        return 0;
-    });
+    guarded_void("process_events", [] { shim().allocator.process_events(); });
 }
 
 NPL_EXPORT void npl_empty_cache(void) {
-    guarded("empty_cache", 0, [] {
-        shim().allocator.empty_cache();
-        return 0;
+    guarded_void("empty_cache", [] { shim().allocator.empty_cache(); });
+}
+
+NPL_EXPORT void npl_init(int device_count) {
+    guarded_void("init", [&] { shim().allocator.init(device_count); });
+}
+
+NPL_EXPORT void npl_set_memory_fraction(double fraction, int device) {
+    guarded_void("set_memory_fraction", [&] { shim().allocator.set_memory_fraction(fraction, device); });
+}
+
+NPL_EXPORT double npl_get_memory_fraction(int device) {
+    return guarded("get_memory_fraction", 0.0, [&] { return shim().allocator.memory_fraction(device); });
+}
+
+NPL_EXPORT void* npl_base_allocation(void* ptr, size_t* size) {
+    return guarded("base_allocation", ptr, [&] { return shim().allocator.base_allocation(ptr, size); });
+}
+
+NPL_EXPORT void npl_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void* stream) {
+    guarded_void("begin_allocate_to_pool", [&] {
+        npl::StreamFilter filter;
+        if (stream != nullptr) filter = [stream](npl::Stream s) { return s == stream; };
+        shim().allocator.begin_allocate_to_pool(device, pool_id(id0, id1), std::move(filter));
     });
 }
 
-NPL_EXPORT size_t npl_stats_size(void) { return sizeof(npl_stats); }
+NPL_EXPORT void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1) {
+    guarded_void("end_allocate_to_pool", [&] { shim().allocator.end_allocate_to_pool(device, pool_id(id0, id1)); });
+}
 
-NPL_EXPORT void npl_get_stats(npl_stats* out) {
-    if (out == nullptr) return;
-    guarded("get_stats", 0, [&] {
-        shim().allocator.stats(out);
-        return 0;
+NPL_EXPORT void npl_release_pool(int device, uint64_t id0, uint64_t id1) {
+    guarded_void("release_pool", [&] { shim().allocator.release_pool(device, pool_id(id0, id1)); });
+}
+
+NPL_EXPORT size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_t* out, size_t capacity) {
+    return guarded("pool_live_allocations", static_cast<size_t>(0), [&] {
+        std::vector<void*> live = shim().allocator.pool_live_allocations(device, pool_id(id0, id1));
+        for (size_t i = 0; i < live.size() && i < capacity && out != nullptr; ++i) {
+            out[i] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(live[i]));
+        }
+        return live.size();
     });
 }
 
-NPL_EXPORT void npl_reset_peak(void) {
-    guarded("reset_peak", 0, [] {
-        shim().allocator.reset_peak();
-        return 0;
+NPL_EXPORT size_t npl_stats_count(void) { return npl::stat_names().size(); }
+
+NPL_EXPORT char* npl_stats_names_json(void) {
+    return guarded("stats_names", static_cast<char*>(nullptr), [] {
+        npl::Json j;
+        j.open_array();
+        for (const std::string& name : npl::stat_names()) j.value(name);
+        j.close_array();
+        return copy_string(j.str());
     });
+}
+
+NPL_EXPORT char* npl_stats_meanings_json(void) {
+    return guarded("stats_meanings", static_cast<char*>(nullptr), [] { return copy_string(npl::stat_meanings_json()); });
+}
+
+NPL_EXPORT size_t npl_stats_values(int device, uint64_t* out, size_t capacity) {
+    return guarded("stats_values", static_cast<size_t>(0), [&]() -> size_t {
+        size_t n = npl::stat_names().size();
+        if (out == nullptr || capacity < n) return 0;
+        shim().allocator.stats(device, out);
+        return n;
+    });
+}
+
+NPL_EXPORT void npl_reset_peak(int device) {
+    guarded_void("reset_peak", [&] { shim().allocator.reset_peak(device); });
+}
+
+NPL_EXPORT void npl_reset_accumulated(int device) {
+    guarded_void("reset_accumulated", [&] { shim().allocator.reset_accumulated(device); });
 }
 
 NPL_EXPORT char* npl_snapshot_json(void) {
@@ -152,6 +241,15 @@ NPL_EXPORT char* npl_snapshot_json(void) {
 NPL_EXPORT char* npl_drain_findings_json(void) {
     return guarded("drain_findings", static_cast<char*>(nullptr),
                    [] { return copy_string(shim().findings.drain_json()); });
+}
+
+NPL_EXPORT char* npl_drain_trace_json(void) {
+    return guarded("drain_trace", static_cast<char*>(nullptr),
+                   [] { return copy_string(shim().allocator.drain_trace_json()); });
+}
+
+NPL_EXPORT void npl_set_trace(int enabled, size_t capacity) {
+    guarded_void("set_trace", [&] { shim().allocator.configure_trace(enabled != 0, capacity); });
 }
 
 NPL_EXPORT void npl_free_string(char* s) { std::free(s); }
@@ -195,24 +293,25 @@ NPL_EXPORT const char* npl_last_error(void) {
     return copy.c_str();
 }
 
+NPL_EXPORT const char* npl_last_oom_message(void) { return npl::last_oom_message().c_str(); }
+
 NPL_EXPORT void npl_reset(void) {
-    guarded("reset", 0, [] {
+    guarded_void("reset", [] {
         shim().allocator.reset();
         shim().findings.clear();
         npl::sim::reset_streams();
-        return 0;
     });
 }
 
 NPL_EXPORT void npl_set_hooks(npl_alloc_hook on_alloc, npl_free_hook on_free, void* ctx) {
-    shim().hook_ctx.store(ctx);
-    shim().on_alloc.store(on_alloc);
-    shim().on_free.store(on_free);
+    guarded_void("set_hooks", [&] { shim().hooks.set(on_alloc, on_free, ctx); });
 }
 
 NPL_EXPORT void npl_sim_complete(void* stream) { npl::sim::complete(stream); }
 NPL_EXPORT void npl_sim_complete_all(void) { npl::sim::complete_all(); }
 NPL_EXPORT void npl_sim_set_capturing(void* stream, int capturing) { npl::sim::set_capturing(stream, capturing != 0); }
 NPL_EXPORT void npl_sim_set_memory_limit(uint64_t bytes) { npl::sim::set_memory_limit(bytes); }
+NPL_EXPORT void npl_sim_set_device(int device) { npl::sim::set_device(device); }
 NPL_EXPORT uint64_t npl_sim_stream_waits(void* stream) { return npl::sim::stream_waits(stream); }
 NPL_EXPORT uint64_t npl_sim_incomplete_events(void) { return npl::sim::incomplete_events(); }
+NPL_EXPORT uint64_t npl_sim_event_syncs(void) { return npl::sim::event_syncs(); }

@@ -32,6 +32,12 @@ std::string FindingQueue::drain_json() {
         if (f.alloc_stream) j.key("alloc_stream").pointer(f.alloc_stream);
         if (f.stream) j.key("stream").pointer(f.stream);
         if (f.code) j.key("code").value(f.code);
+        if (f.generation) j.key("generation").value(f.generation);
+        if (!f.streams.empty()) {
+            j.key("streams").open_array();
+            for (const void* s : f.streams) j.pointer(s);
+            j.close_array();
+        }
         if (!f.detail.empty()) j.key("detail").value(f.detail);
         j.close_object();
     }
@@ -48,6 +54,9 @@ uint64_t FindingQueue::dropped() const {
     std::lock_guard<std::mutex> lock(mu_);
     return dropped_;
 }
+
+void FindingQueue::lock_for_fork() { mu_.lock(); }
+void FindingQueue::unlock_after_fork() { mu_.unlock(); }
 
 void FindingQueue::clear() {
     std::lock_guard<std::mutex> lock(mu_);

@@ -9,19 +9,29 @@ namespace npl {
 using Stream = void*;
 using Event = void*;
 
-enum class Status { ok, not_ready, out_of_memory, error };
+enum class Status { ok, not_ready, out_of_memory, unsupported, error };
 
+// Every call returns its status; `code` receives the runtime's own code.
+// Events belong to the device current at their creation (CUDA and ACL
+// alike), so `event_create` takes the device of the stream the event will be
+// recorded on.
 struct Runtime {
     const char* name;
-    // Each call returns its status; `code` receives the runtime's own code.
     Status (*malloc)(void** ptr, size_t size, int device, int* code);
     Status (*free)(void* ptr, int device, int* code);
     Status (*event_create)(Event* event, int device, int* code);
     Status (*event_destroy)(Event event, int device, int* code);
     Status (*event_record)(Event event, Stream stream, int* code);
     Status (*event_query)(Event event, int* code);  // ok = complete
+    Status (*event_synchronize)(Event event, int* code);
     Status (*stream_wait_event)(Stream stream, Event event, int* code);
     Status (*stream_capturing)(Stream stream, bool* capturing, int* code);
+    Status (*stream_synchronize)(Stream stream, int* code);
+    Status (*stream_device)(Stream stream, int* device, int* code);  // unsupported: use current_device
+    Status (*current_device)(int* device, int* code);
+    Status (*memset_async)(void* ptr, int byte, size_t size, Stream stream, int* code);
+    Status (*copy_to_host)(void* dst, const void* src, size_t size, int device, int* code);  // synchronous
+    Status (*memory_total)(int device, size_t* total, int* code);
 };
 
 // Each returns nullptr and explains in `why` when the runtime can't be loaded.

@@ -19,6 +19,8 @@ constexpr aclError kMemoryAllocation = 207001;  // ACL_ERROR_RT_MEMORY_ALLOCATIO
 constexpr int kMallocHugeFirst = 0;              // ACL_MEM_MALLOC_HUGE_FIRST
 constexpr int kEventComplete = 1;                // ACL_EVENT_RECORDED_STATUS_COMPLETE
 constexpr int kCaptureNone = 0;                  // ACL_MODEL_RI_CAPTURE_STATUS_NONE
+constexpr int kMemcpyDeviceToHost = 2;           // ACL_MEMCPY_DEVICE_TO_HOST
+constexpr int kHbmMem = 1;                       // ACL_HBM_MEM
 
 struct Api {
     aclError (*Malloc)(void**, size_t, int);
@@ -28,6 +30,12 @@ struct Api {
     aclError (*RecordEvent)(void*, void*);
     aclError (*QueryEventStatus)(void*, int*);
     aclError (*StreamWaitEvent)(void*, void*);
+    aclError (*SynchronizeEvent)(void*);
+    aclError (*SynchronizeStream)(void*);
+    aclError (*SynchronizeDevice)();
+    aclError (*MemsetAsync)(void*, size_t, int32_t, size_t, void*);
+    aclError (*Memcpy)(void*, size_t, const void*, size_t, int);
+    aclError (*GetMemInfo)(int, size_t*, size_t*);
     aclError (*GetDevice)(int32_t*);
     aclError (*SetDevice)(int32_t);
     aclError (*CaptureGetInfo)(void*, int*, void**);  // optional (newer CANN)
@@ -47,7 +55,14 @@ Status on_device(int device, int* code, Call call) {
 Status acl_malloc(void** ptr, size_t size, int device, int* code) {
     return on_device(device, code, [&] { return api.Malloc(ptr, size, kMallocHugeFirst); });
 }
-Status acl_free(void* ptr, int, int* code) { return status_of(api.Free(ptr), code); }
+// As torch_npu does: aclrtFree does not wait for queued work (cudaFree
+// does), so the device is synchronised first.
+Status acl_free(void* ptr, int device, int* code) {
+    return on_device(device, code, [&] {
+        aclError err = api.SynchronizeDevice();
+        return err != kSuccess ? err : api.Free(ptr);
+    });
+}
 Status acl_event_create(Event* event, int device, int* code) {
     return on_device(device, code, [&] { return api.CreateEvent(event); });
 }
@@ -60,6 +75,25 @@ Status acl_event_query(Event event, int* code) {
     Status s = status_of(api.QueryEventStatus(event, &recorded), code);
     if (s != Status::ok) return s;
     return recorded == kEventComplete ? Status::ok : Status::not_ready;
+}
+Status acl_event_sync(Event event, int* code) { return status_of(api.SynchronizeEvent(event), code); }
+Status acl_stream_sync(Stream stream, int* code) { return status_of(api.SynchronizeStream(stream), code); }
+Status acl_stream_device(Stream, int*, int*) { return Status::unsupported; }
+Status acl_current_device(int* device, int* code) {
+    int32_t d = 0;
+    Status s = status_of(api.GetDevice(&d), code);
+    *device = d;
+    return s;
+}
+Status acl_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
+    return status_of(api.MemsetAsync(ptr, size, byte, size, stream), code);
+}
+Status acl_copy_to_host(void* dst, const void* src, size_t size, int device, int* code) {
+    return on_device(device, code, [&] { return api.Memcpy(dst, size, src, size, kMemcpyDeviceToHost); });
+}
+Status acl_memory_total(int device, size_t* total, int* code) {
+    size_t free_bytes = 0;
+    return on_device(device, code, [&] { return api.GetMemInfo(kHbmMem, &free_bytes, total); });
 }
 Status acl_stream_wait(Stream stream, Event event, int* code) {
     return status_of(api.StreamWaitEvent(stream, event), code);
@@ -77,8 +111,10 @@ Status acl_capturing(Stream stream, bool* capturing, int* code) {
     return s;
 }
 
-const Runtime kAcl = {"acl", acl_malloc, acl_free, acl_event_create, acl_event_destroy,
-                      acl_event_record, acl_event_query, acl_stream_wait, acl_capturing};
+const Runtime kAcl = {"acl",            acl_malloc,        acl_free,          acl_event_create,  acl_event_destroy,
+                      acl_event_record, acl_event_query,   acl_event_sync,    acl_stream_wait,   acl_capturing,
+                      acl_stream_sync,  acl_stream_device, acl_current_device, acl_memset,       acl_copy_to_host,
+                      acl_memory_total};
 
 bool load(const char* library_path, std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_ACL_LIBRARY");
@@ -92,6 +128,12 @@ bool load(const char* library_path, std::string* why) {
     ok &= resolve(h, "aclrtRecordEvent", &api.RecordEvent, why);
     ok &= resolve(h, "aclrtQueryEventStatus", &api.QueryEventStatus, why);
     ok &= resolve(h, "aclrtStreamWaitEvent", &api.StreamWaitEvent, why);
+    ok &= resolve(h, "aclrtSynchronizeEvent", &api.SynchronizeEvent, why);
+    ok &= resolve(h, "aclrtSynchronizeStream", &api.SynchronizeStream, why);
+    ok &= resolve(h, "aclrtSynchronizeDevice", &api.SynchronizeDevice, why);
+    ok &= resolve(h, "aclrtMemsetAsync", &api.MemsetAsync, why);
+    ok &= resolve(h, "aclrtMemcpy", &api.Memcpy, why);
+    ok &= resolve(h, "aclrtGetMemInfo", &api.GetMemInfo, why);
     ok &= resolve(h, "aclrtGetDevice", &api.GetDevice, why);
     ok &= resolve(h, "aclrtSetDevice", &api.SetDevice, why);
     api.CaptureGetInfo = reinterpret_cast<aclError (*)(void*, int*, void**)>(

@@ -17,6 +17,7 @@ constexpr cudaError kMemoryAllocation = 2;
 constexpr cudaError kNotReady = 600;
 constexpr unsigned kEventDisableTiming = 0x02;
 constexpr int kCaptureStatusNone = 0;
+constexpr int kMemcpyDeviceToHost = 2;
 
 struct Api {
     cudaError (*Malloc)(void**, size_t);
@@ -25,22 +26,28 @@ struct Api {
     cudaError (*EventDestroy)(void*);
     cudaError (*EventRecord)(void*, void*);
     cudaError (*EventQuery)(void*);
+    cudaError (*EventSynchronize)(void*);
     cudaError (*StreamWaitEvent)(void*, void*, unsigned);
     cudaError (*StreamIsCapturing)(void*, int*);
+    cudaError (*StreamSynchronize)(void*);
+    cudaError (*StreamGetDevice)(void*, int*);  // CUDA >= 12.8; optional
     cudaError (*GetDevice)(int*);
     cudaError (*SetDevice)(int);
+    cudaError (*MemsetAsync)(void*, int, size_t, void*);
+    cudaError (*Memcpy)(void*, const void*, size_t, int);
+    cudaError (*MemGetInfo)(size_t*, size_t*);
     cudaError (*GetLastError)();
 } api;
 
 Status status_of(cudaError err, int* code) {
     *code = err;
     if (err == kSuccess) return Status::ok;
+    // Clear the (non-sticky) error this call left, so torch's next check does
+    // not see it: not-ready and out-of-memory are handled by the shim, and
+    // other errors are reported as findings.
+    api.GetLastError();
     if (err == kNotReady) return Status::not_ready;
-    if (err == kMemoryAllocation) {
-        api.GetLastError();  // clear it, so the framework's next check does not see it
-        return Status::out_of_memory;
-    }
-    return Status::error;
+    return err == kMemoryAllocation ? Status::out_of_memory : Status::error;
 }
 
 template <typename Call>
@@ -51,7 +58,9 @@ Status on_device(int device, int* code, Call call) {
 Status cu_malloc(void** ptr, size_t size, int device, int* code) {
     return on_device(device, code, [&] { return api.Malloc(ptr, size); });
 }
-Status cu_free(void* ptr, int, int* code) { return status_of(api.Free(ptr), code); }
+Status cu_free(void* ptr, int device, int* code) {
+    return on_device(device, code, [&] { return api.Free(ptr); });
+}
 Status cu_event_create(Event* event, int device, int* code) {
     return on_device(device, code, [&] { return api.EventCreateWithFlags(event, kEventDisableTiming); });
 }
@@ -60,6 +69,7 @@ Status cu_event_record(Event event, Stream stream, int* code) {
     return status_of(api.EventRecord(event, stream), code);
 }
 Status cu_event_query(Event event, int* code) { return status_of(api.EventQuery(event), code); }
+Status cu_event_sync(Event event, int* code) { return status_of(api.EventSynchronize(event), code); }
 Status cu_stream_wait(Stream stream, Event event, int* code) {
     return status_of(api.StreamWaitEvent(stream, event, 0), code);
 }
@@ -69,9 +79,27 @@ Status cu_capturing(Stream stream, bool* capturing, int* code) {
     *capturing = s == Status::ok && status != kCaptureStatusNone;
     return s;
 }
+Status cu_stream_sync(Stream stream, int* code) { return status_of(api.StreamSynchronize(stream), code); }
+Status cu_stream_device(Stream stream, int* device, int* code) {
+    if (api.StreamGetDevice == nullptr || stream == nullptr) return Status::unsupported;
+    return status_of(api.StreamGetDevice(stream, device), code);
+}
+Status cu_current_device(int* device, int* code) { return status_of(api.GetDevice(device), code); }
+Status cu_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
+    return status_of(api.MemsetAsync(ptr, byte, size, stream), code);
+}
+Status cu_copy_to_host(void* dst, const void* src, size_t size, int device, int* code) {
+    return on_device(device, code, [&] { return api.Memcpy(dst, src, size, kMemcpyDeviceToHost); });
+}
+Status cu_memory_total(int device, size_t* total, int* code) {
+    size_t free_bytes = 0;
+    return on_device(device, code, [&] { return api.MemGetInfo(&free_bytes, total); });
+}
 
-const Runtime kCuda = {"cuda", cu_malloc, cu_free, cu_event_create, cu_event_destroy,
-                       cu_event_record, cu_event_query, cu_stream_wait, cu_capturing};
+const Runtime kCuda = {"cuda",          cu_malloc,        cu_free,        cu_event_create,  cu_event_destroy,
+                       cu_event_record, cu_event_query,   cu_event_sync,  cu_stream_wait,   cu_capturing,
+                       cu_stream_sync,  cu_stream_device, cu_current_device, cu_memset,     cu_copy_to_host,
+                       cu_memory_total};
 
 bool load(std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_CUDART");
@@ -84,11 +112,17 @@ bool load(std::string* why) {
     ok &= resolve(h, "cudaEventDestroy", &api.EventDestroy, why);
     ok &= resolve(h, "cudaEventRecord", &api.EventRecord, why);
     ok &= resolve(h, "cudaEventQuery", &api.EventQuery, why);
+    ok &= resolve(h, "cudaEventSynchronize", &api.EventSynchronize, why);
     ok &= resolve(h, "cudaStreamWaitEvent", &api.StreamWaitEvent, why);
     ok &= resolve(h, "cudaStreamIsCapturing", &api.StreamIsCapturing, why);
+    ok &= resolve(h, "cudaStreamSynchronize", &api.StreamSynchronize, why);
     ok &= resolve(h, "cudaGetDevice", &api.GetDevice, why);
     ok &= resolve(h, "cudaSetDevice", &api.SetDevice, why);
+    ok &= resolve(h, "cudaMemsetAsync", &api.MemsetAsync, why);
+    ok &= resolve(h, "cudaMemcpy", &api.Memcpy, why);
+    ok &= resolve(h, "cudaMemGetInfo", &api.MemGetInfo, why);
     ok &= resolve(h, "cudaGetLastError", &api.GetLastError, why);
+    api.StreamGetDevice = reinterpret_cast<cudaError (*)(void*, int*)>(resolve_symbol(h, "cudaStreamGetDevice"));
     return ok;
 }
 

@@ -4,6 +4,7 @@
 #include "runtime_sim.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,6 +15,9 @@ namespace {
 
 constexpr int kOk = 0, kInvalid = 1, kOutOfMemory = 2;
 constexpr size_t kAlignment = 512;
+constexpr size_t kDefaultTotal = size_t(64) << 30;  // what memory_total reports without a limit
+
+thread_local int current_device = 0;
 
 struct SimStream {
     uint64_t queued = 0;     // operations queued so far
@@ -33,6 +37,7 @@ struct State {
     std::unordered_set<SimEvent*> events;
     std::unordered_map<void*, size_t> memory;
     uint64_t in_use = 0, limit = 0;
+    uint64_t event_syncs = 0;
 };
 
 State& state() {
@@ -108,6 +113,53 @@ Status sim_event_query(Event event, int* code) {
     return s.streams[e->stream].completed >= e->position ? Status::ok : Status::not_ready;
 }
 
+// The host waits for `event`: its stream has run up to it.
+Status sim_event_sync(Event event, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto* e = static_cast<SimEvent*>(event);
+    if (s.events.count(e) == 0) return result(kInvalid, code);
+    if (e->stream != nullptr) {
+        SimStream& st = s.streams[e->stream];
+        if (st.completed < e->position) st.completed = e->position;
+        s.event_syncs++;
+    }
+    return result(kOk, code);
+}
+
+Status sim_stream_sync(Stream stream, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    SimStream& st = s.streams[stream];
+    st.completed = st.queued;
+    return result(kOk, code);
+}
+
+Status sim_stream_device(Stream, int*, int*) { return Status::unsupported; }
+
+Status sim_current_device(int* device, int* code) {
+    *device = current_device;
+    return result(kOk, code);
+}
+
+// Host memory: the fill happens now (simulated streams run nothing).
+Status sim_memset(void* ptr, int byte, size_t size, Stream, int* code) {
+    std::memset(ptr, byte, size);
+    return result(kOk, code);
+}
+
+Status sim_copy_to_host(void* dst, const void* src, size_t size, int, int* code) {
+    std::memcpy(dst, src, size);
+    return result(kOk, code);
+}
+
+Status sim_memory_total(int, size_t* total, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    *total = s.limit != 0 ? s.limit : kDefaultTotal;
+    return result(kOk, code);
+}
+
 Status sim_stream_wait(Stream stream, Event event, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -124,8 +176,10 @@ Status sim_capturing(Stream stream, bool* capturing, int* code) {
     return result(kOk, code);
 }
 
-const Runtime kSim = {"sim", sim_malloc, sim_free, sim_event_create, sim_event_destroy,
-                      sim_event_record, sim_event_query, sim_stream_wait, sim_capturing};
+const Runtime kSim = {"sim",          sim_malloc,         sim_free,         sim_event_create,   sim_event_destroy,
+                      sim_event_record, sim_event_query,  sim_event_sync,   sim_stream_wait,    sim_capturing,
+                      sim_stream_sync,  sim_stream_device, sim_current_device, sim_memset,      sim_copy_to_host,
+                      sim_memory_total};
 
 }  // namespace
 
@@ -165,6 +219,14 @@ uint64_t stream_waits(Stream stream) {
     return it == s.streams.end() ? 0 : it->second.waits;
 }
 
+uint64_t event_syncs() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.event_syncs;
+}
+
+void set_device(int device) { current_device = device; }
+
 uint64_t incomplete_events() {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -179,7 +241,11 @@ void reset_streams() {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     s.streams.clear();
+    s.event_syncs = 0;
 }
+
+void lock_for_fork() { state().mu.lock(); }
+void unlock_after_fork() { state().mu.unlock(); }
 
 }  // namespace sim
 

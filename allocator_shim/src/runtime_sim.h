@@ -13,6 +13,10 @@ void set_capturing(Stream stream, bool capturing);
 void set_memory_limit(uint64_t bytes);  // 0: unlimited
 uint64_t stream_waits(Stream stream);
 uint64_t incomplete_events();
+uint64_t event_syncs();        // host waits on events (event_synchronize)
+void set_device(int device);   // the calling thread's current device
+void lock_for_fork();          // pthread_atfork: hold the state's lock across fork()
+void unlock_after_fork();
 void reset_streams();  // forget every stream's progress, waits and capture state
 
 }  // namespace npl::sim

@@ -41,6 +41,7 @@ static struct event_state events[MAX_EVENTS];
 static int32_t current_device = 0;
 static uint64_t in_use = 0, limit = 0;
 static uint64_t n_malloc = 0, n_free = 0, n_record = 0, n_query = 0, n_wait = 0, n_capture_info = 0;
+static uint64_t n_sync_event = 0, n_sync_device = 0;
 static int last_policy = -1;
 
 /* ACL's NULL stream is the default stream: slot 0. */
@@ -163,6 +164,54 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     return e && s ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
 }
 
+EXPORT aclError aclrtSynchronizeEvent(aclrtEvent event) {
+    pthread_mutex_lock(&mu);
+    struct event_state* e = event_of(event);
+    if (e && e->recorded) {
+        struct stream_state* s = stream_of(e->stream);
+        if (s && s->completed < e->position) s->completed = e->position;
+    }
+    n_sync_event++;
+    pthread_mutex_unlock(&mu);
+    return e ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+EXPORT aclError aclrtSynchronizeStream(aclrtStream stream) {
+    pthread_mutex_lock(&mu);
+    struct stream_state* s = stream_of(stream);
+    if (s) s->completed = s->queued;
+    pthread_mutex_unlock(&mu);
+    return s ? ACL_SUCCESS : ACL_ERROR_INVALID_PARAM;
+}
+
+EXPORT aclError aclrtSynchronizeDevice(void) {
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_STREAMS; i++) streams[i].completed = streams[i].queued;
+    n_sync_device++;
+    pthread_mutex_unlock(&mu);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream) {
+    if (devPtr == NULL || count > maxCount) return ACL_ERROR_INVALID_PARAM;
+    (void)stream;
+    memset(devPtr, value, count);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count, int kind) {
+    if (dst == NULL || src == NULL || count > destMax || kind < 0 || kind > 3) return ACL_ERROR_INVALID_PARAM;
+    memcpy(dst, src, count);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtGetMemInfo(int attr, size_t* free_bytes, size_t* total) {
+    if (free_bytes == NULL || total == NULL || attr < 0) return ACL_ERROR_INVALID_PARAM;
+    *total = limit ? limit : ((size_t)32 << 30);
+    *free_bytes = *total - in_use;
+    return ACL_SUCCESS;
+}
+
 EXPORT aclError aclrtGetDevice(int32_t* deviceId) {
     if (deviceId == NULL) return ACL_ERROR_INVALID_PARAM;
     *deviceId = current_device;
@@ -213,5 +262,7 @@ EXPORT uint64_t fake_acl_calls(const char* name) {
     if (!strcmp(name, "aclrtQueryEventStatus")) return n_query;
     if (!strcmp(name, "aclrtStreamWaitEvent")) return n_wait;
     if (!strcmp(name, "aclmdlRICaptureGetInfo")) return n_capture_info;
+    if (!strcmp(name, "aclrtSynchronizeEvent")) return n_sync_event;
+    if (!strcmp(name, "aclrtSynchronizeDevice")) return n_sync_device;
     return UINT64_MAX;
 }

@@ -134,7 +134,7 @@ def run_handoff(
             schedule.step()
             device.synchronize()
             times.append(time.perf_counter() - t0)
-        peak = shim.stats().peak_active_bytes
+        peak = shim.stats()["active_bytes.all.peak"]
         outputs = schedule.finish()
         del schedule
         gc.collect()

@@ -4,49 +4,22 @@ the runtime's handle: ``torch.cuda.Stream.cuda_stream``, or any non-zero
 int under the simulated runtime)."""
 from __future__ import annotations
 
+import ctypes
 import json
-from dataclasses import dataclass, fields
-from typing import Optional
+from functools import lru_cache
+from typing import Optional, Tuple
 
-from .native import STATS_FIELDS, NativeStats, library, take_string
+from .native import library, take_string
 
-POLICIES = {"poll": 0, "stream_wait": 1}
+POLICIES = {"poll": 0, "stream_wait": 1, "lazy_wait": 2}
+DEFAULT_POLICY = "lazy_wait"
+DEFAULT_QUARANTINE_BYTES = 256 << 20
+
+PoolId = Tuple[int, int]
 
 
 class ShimError(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class ShimStats:
-    live_bytes: int
-    live_blocks: int
-    cached_bytes: int
-    cached_blocks: int
-    pending_bytes: int
-    pending_blocks: int
-    reserved_bytes: int
-    segments: int
-    peak_live_bytes: int
-    peak_reserved_bytes: int
-    peak_active_bytes: int
-    requested_live_bytes: int
-    allocations: int
-    frees: int
-    cache_hits: int
-    segment_allocs: int
-    segment_frees: int
-    oom_retries: int
-    oom_failures: int
-    events_created: int
-    events_recorded: int
-    stream_waits: int
-    deferred_frees: int
-    findings: int
-    findings_dropped: int
-
-
-assert tuple(f.name for f in fields(ShimStats)) == STATS_FIELDS
 
 
 def select_runtime(name: str = "auto", library_path: Optional[str] = None) -> None:
@@ -62,7 +35,7 @@ def runtime_name() -> str:
 
 def alloc(size: int, device: int = 0, stream: int = 0) -> int:
     """A block of ``size`` bytes for ``stream``; 0 for a zero-byte request or
-    when the runtime is out of memory (see ``findings()``)."""
+    when out of memory (``last_oom_message()`` and ``findings()`` say why)."""
     return library().npl_alloc(size, device, stream) or 0
 
 
@@ -70,29 +43,30 @@ def free(ptr: int, size: int, device: int = 0, stream: int = 0) -> None:
     library().npl_free(ptr, size, device, stream)
 
 
-def _lifetime_call(name: str, ptr: int, stream: int) -> bool:
-    return getattr(library(), name)(ptr, stream) == 0
+def last_oom_message() -> str:
+    """Why this thread's last allocation failed ("" if none did)."""
+    return library().npl_last_oom_message().decode()
 
 
-def record_stream(ptr: int, stream: int) -> bool:
-    """The free of ``ptr`` waits for everything queued on ``stream`` up to
-    the free.  False (and a finding) if ``ptr`` is not a live block."""
-    return _lifetime_call("npl_record_stream", ptr, stream)
+def record_stream(ptr: int, stream: int, stream_device: int = -1) -> bool:
+    """The free of the block holding ``ptr`` waits for everything queued on
+    ``stream`` up to the free.  False (and a finding) if no live block holds ``ptr``."""
+    return library().npl_record_stream_device(ptr, stream, stream_device) == 0
 
 
 def erase_stream(ptr: int, stream: int) -> bool:
-    return _lifetime_call("npl_erase_stream", ptr, stream)
+    return library().npl_erase_stream(ptr, stream) == 0
 
 
-def record_use(ptr: int, stream: int) -> bool:
-    """The free of ``ptr`` waits for what is queued on ``stream`` now."""
-    return _lifetime_call("npl_record_use", ptr, stream)
+def record_use(ptr: int, stream: int, stream_device: int = -1) -> bool:
+    """The reuse of the block holding ``ptr`` waits for what is queued on ``stream`` now."""
+    return library().npl_record_use_device(ptr, stream, stream_device) == 0
 
 
 def note_use(ptr: int, stream: int) -> bool:
     """Tells the shim of a use on ``stream`` that nothing recorded: a free
     before it finishes is a finding, and the reuse waits for it."""
-    return _lifetime_call("npl_note_use", ptr, stream)
+    return library().npl_note_use(ptr, stream) == 0
 
 
 def set_policy(policy: str) -> None:
@@ -106,6 +80,20 @@ def policy() -> str:
     return next(name for name, value in POLICIES.items() if value == code)
 
 
+def set_debug(enabled: bool, quarantine_bytes: int = DEFAULT_QUARANTINE_BYTES) -> None:
+    """Debug mode: freed blocks are poisoned (0xFF: NaN for floats, -1 for
+    integers) once really free and held in a FIFO quarantine of up to
+    ``quarantine_bytes``; a write into a quarantined block is reported
+    (``write_after_free``) when it leaves the quarantine."""
+    if quarantine_bytes < 0:
+        raise ValueError(f"quarantine_bytes must be >= 0, not {quarantine_bytes}")
+    library().npl_set_debug(int(bool(enabled)), quarantine_bytes)
+
+
+def debug() -> bool:
+    return bool(library().npl_get_debug())
+
+
 def process_events() -> None:
     library().npl_process_events()
 
@@ -114,25 +102,101 @@ def empty_cache() -> None:
     library().npl_empty_cache()
 
 
-def stats() -> ShimStats:
-    raw = NativeStats()
-    library().npl_get_stats(raw)
-    return ShimStats(*(getattr(raw, name) for name in STATS_FIELDS))
+def set_memory_fraction(fraction: float, device: int = 0) -> None:
+    """Limits the bytes the shim reserves on ``device`` to ``fraction`` of
+    the device's memory (0: no limit)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"the memory fraction must be in [0, 1], not {fraction}")
+    library().npl_set_memory_fraction(fraction, device)
 
 
-def reset_peak() -> None:
-    library().npl_reset_peak()
+def memory_fraction(device: int = 0) -> float:
+    return library().npl_get_memory_fraction(device)
+
+
+def base_allocation(ptr: int) -> Tuple[int, int]:
+    """The segment holding ``ptr``: (base address, size); (ptr, 0) if none."""
+    size = ctypes.c_size_t(0)
+    base = library().npl_base_allocation(ptr, ctypes.byref(size)) or 0
+    return base, size.value
+
+
+# -- graph capture into private pools --------------------------------------------
+def begin_allocate_to_pool(device: int, pool: PoolId, stream: int = 0) -> None:
+    """Allocations on ``device`` from ``stream`` (0: any stream) go to the
+    private ``pool`` until ``end_allocate_to_pool``."""
+    library().npl_begin_allocate_to_pool(device, pool[0], pool[1], stream)
+
+
+def end_allocate_to_pool(device: int, pool: PoolId) -> None:
+    library().npl_end_allocate_to_pool(device, pool[0], pool[1])
+
+
+def release_pool(device: int, pool: PoolId) -> None:
+    library().npl_release_pool(device, pool[0], pool[1])
+
+
+def pool_live_allocations(device: int, pool: PoolId) -> list:
+    """The addresses of the pool's live blocks."""
+    lib = library()
+    n = lib.npl_pool_live_allocations(device, pool[0], pool[1], None, 0)
+    out = (ctypes.c_uint64 * max(n, 1))()
+    n = lib.npl_pool_live_allocations(device, pool[0], pool[1], out, n)
+    return list(out[:n])
+
+
+# -- statistics, snapshot, findings, trace ------------------------------------------
+@lru_cache(maxsize=None)
+def stat_names() -> tuple:
+    """Every statistic's name, torch-style ("allocated_bytes.all.current")."""
+    return tuple(json.loads(take_string(library().npl_stats_names_json())))
+
+
+@lru_cache(maxsize=None)
+def stat_meanings() -> dict:
+    """{statistic: what it counts}, without the ``.pool.field`` suffixes."""
+    return json.loads(take_string(library().npl_stats_meanings_json()))
+
+
+def stats(device: int = 0) -> dict:
+    """The statistics of ``device``: {name: value} for every name in
+    ``stat_names()`` (torch's ``memory_stats`` keys where the meaning is the same)."""
+    names = stat_names()
+    values = (ctypes.c_uint64 * len(names))()
+    library().npl_stats_values(device, values, len(names))
+    return dict(zip(names, values))
+
+
+def reset_peak(device: int = 0) -> None:
+    library().npl_reset_peak(device)
+
+
+def reset_accumulated(device: int = 0) -> None:
+    library().npl_reset_accumulated(device)
 
 
 def snapshot() -> dict:
     """Segments and blocks, with each block's state, allocation stream,
-    recorded streams and use events."""
+    generation, recorded streams, use events and held events."""
     return json.loads(take_string(library().npl_snapshot_json()))
 
 
 def findings() -> list:
     """Drains the shim's findings (each a dict with at least kind, op, address)."""
     return json.loads(take_string(library().npl_drain_findings_json()))
+
+
+def set_trace(enabled: bool, capacity: int = 65536) -> None:
+    """Records what happens to blocks (see ``trace``) in a ring of ``capacity`` events."""
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, not {capacity}")
+    library().npl_set_trace(int(bool(enabled)), capacity)
+
+
+def trace() -> list:
+    """Drains the trace, oldest first: dicts with t_ns, kind, ptr, size,
+    device, stream, alloc_stream, generation."""
+    return json.loads(take_string(library().npl_drain_trace_json()))
 
 
 def reset() -> None:
@@ -161,9 +225,17 @@ class sim:
         library().npl_sim_set_memory_limit(nbytes)
 
     @staticmethod
+    def set_device(device: int) -> None:
+        library().npl_sim_set_device(device)
+
+    @staticmethod
     def stream_waits(stream: int) -> int:
         return library().npl_sim_stream_waits(stream)
 
     @staticmethod
     def incomplete_events() -> int:
         return library().npl_sim_incomplete_events()
+
+    @staticmethod
+    def event_syncs() -> int:
+        return library().npl_sim_event_syncs()

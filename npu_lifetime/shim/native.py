@@ -9,53 +9,59 @@ from pathlib import Path
 
 _NATIVE_DIR = Path(__file__).resolve().parent.parent / "_native"
 
-STATS_FIELDS = (
-    "live_bytes", "live_blocks", "cached_bytes", "cached_blocks",
-    "pending_bytes", "pending_blocks", "reserved_bytes", "segments",
-    "peak_live_bytes", "peak_reserved_bytes", "peak_active_bytes", "requested_live_bytes",
-    "allocations", "frees", "cache_hits",
-    "segment_allocs", "segment_frees", "oom_retries", "oom_failures",
-    "events_created", "events_recorded", "stream_waits",
-    "deferred_frees", "findings", "findings_dropped",
-)
-
-
-class NativeStats(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
-
-
 ALLOC_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 FREE_HOOK = ALLOC_HOOK
 
-_P, _I, _S, _U64, _STR = ctypes.c_void_p, ctypes.c_int, ctypes.c_ssize_t, ctypes.c_uint64, ctypes.c_char_p
+_P, _I, _S, _U64, _STR, _Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_ssize_t, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t
+_U64P = ctypes.POINTER(ctypes.c_uint64)
 _PROTOTYPES = {
     "npl_alloc": (_P, [_S, _I, _P]),
     "npl_free": (None, [_P, _S, _I, _P]),
     "npl_record_stream": (_I, [_P, _P]),
+    "npl_record_stream_device": (_I, [_P, _P, _I]),
     "npl_erase_stream": (_I, [_P, _P]),
     "npl_record_use": (_I, [_P, _P]),
+    "npl_record_use_device": (_I, [_P, _P, _I]),
     "npl_note_use": (_I, [_P, _P]),
     "npl_set_policy": (_I, [_I]),
     "npl_get_policy": (_I, []),
+    "npl_set_debug": (None, [_I, _U64]),
+    "npl_get_debug": (_I, []),
     "npl_process_events": (None, []),
     "npl_empty_cache": (None, []),
-    "npl_stats_size": (ctypes.c_size_t, []),
-    "npl_get_stats": (None, [ctypes.POINTER(NativeStats)]),
-    "npl_reset_peak": (None, []),
+    "npl_init": (None, [_I]),
+    "npl_set_memory_fraction": (None, [ctypes.c_double, _I]),
+    "npl_get_memory_fraction": (ctypes.c_double, [_I]),
+    "npl_base_allocation": (_P, [_P, ctypes.POINTER(_Z)]),
+    "npl_begin_allocate_to_pool": (None, [_I, _U64, _U64, _P]),
+    "npl_end_allocate_to_pool": (None, [_I, _U64, _U64]),
+    "npl_release_pool": (None, [_I, _U64, _U64]),
+    "npl_pool_live_allocations": (_Z, [_I, _U64, _U64, _U64P, _Z]),
+    "npl_stats_count": (_Z, []),
+    "npl_stats_names_json": (_P, []),
+    "npl_stats_meanings_json": (_P, []),
+    "npl_stats_values": (_Z, [_I, _U64P, _Z]),
+    "npl_reset_peak": (None, [_I]),
+    "npl_reset_accumulated": (None, [_I]),
     "npl_snapshot_json": (_P, []),
     "npl_drain_findings_json": (_P, []),
+    "npl_drain_trace_json": (_P, []),
+    "npl_set_trace": (None, [_I, _Z]),
     "npl_free_string": (None, [_P]),
     "npl_select_runtime": (_I, [_STR, _STR]),
     "npl_runtime_name": (_STR, []),
     "npl_last_error": (_STR, []),
+    "npl_last_oom_message": (_STR, []),
     "npl_reset": (None, []),
     "npl_set_hooks": (None, [ALLOC_HOOK, FREE_HOOK, _P]),
     "npl_sim_complete": (None, [_P]),
     "npl_sim_complete_all": (None, []),
     "npl_sim_set_capturing": (None, [_P, _I]),
     "npl_sim_set_memory_limit": (None, [_U64]),
+    "npl_sim_set_device": (None, [_I]),
     "npl_sim_stream_waits": (_U64, [_P]),
     "npl_sim_incomplete_events": (_U64, []),
+    "npl_sim_event_syncs": (_U64, []),
 }
 
 
@@ -79,16 +85,23 @@ def library_path() -> Path:
 
 @lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(library_path()))
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as err:
+        raise ShimNotBuilt(f"cannot load the allocator shim {path}: {err}; rebuild it with `pip install -e .`") from err
+    missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
+    if missing:
+        raise ShimNotBuilt(f"{path} is an older build (missing {', '.join(missing[:3])}...); rebuild it with `pip install -e .`")
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
-    if lib.npl_stats_size() != ctypes.sizeof(NativeStats):
-        raise ShimNotBuilt(
-            f"{library_path()} has another npl_stats layout "
-            f"({lib.npl_stats_size()} bytes, expected {ctypes.sizeof(NativeStats)}); rebuild it"
-        )
     return lib
+
+
+def symbol_address(name: str) -> int:
+    """The address of an exported function, for torch's allocator setters."""
+    return ctypes.cast(getattr(library(), name), ctypes.c_void_p).value
 
 
 def take_string(address: int | None) -> str:

@@ -37,22 +37,22 @@ def run() -> None:
     sim.complete(COMM)  # COMM's later work finished too
     api.process_events()  # only now b is reusable
 
-    # 3. a missing hand-off: COMM reads d and nothing records it; the sanitizer
-    #    tells the shim (note_use), so the free is a finding and is held
-    d = api.alloc(MIB, 0, COMPUTE)
-    api.note_use(d, COMM)
-    api.free(d, MIB, 0, COMPUTE)
-
-    # 4. the stream-wait policy: a freed block is handed out at once, and
-    #    COMPUTE waits GPU-side for SIDE's event before using it
-    api.set_policy("stream_wait")
+    # 3. the lazy-wait policy: a block freed with a pending record_use event goes
+    #    back to the cache at once; whoever takes it next waits GPU-side for SIDE
+    api.set_policy("lazy_wait")
     e = api.alloc(MIB, 0, COMPUTE)
     api.record_use(e, SIDE)
     api.free(e, MIB, 0, COMPUTE)
-    f = api.alloc(MIB, 0, COMPUTE)
+    f = api.alloc(MIB, 0, COMPUTE)  # e's block, behind a wait on SIDE's event
     api.free(f, MIB, 0, COMPUTE)
 
-    # 5. a double free: reported, nothing else happens
+    # 4. a double free: reported, nothing else happens
     api.free(f, MIB, 0, COMPUTE)
+
+    # 5. a missing hand-off: COMM reads d and nothing records it; the sanitizer
+    #    tells the shim (note_use), so the free is a finding and is held
     api.set_policy("poll")
-    api.alloc(2 * MIB, 0, COMPUTE)  # a large block: one live at the end
+    d = api.alloc(MIB, 0, COMPUTE)
+    api.note_use(d, COMM)
+    api.free(d, MIB, 0, COMPUTE)
+    api.alloc(2 * MIB, 0, COMPUTE)  # a large block, live at the end

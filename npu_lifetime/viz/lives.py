@@ -49,21 +49,26 @@ class Life:
 
     def held_until(self, end: int) -> Optional[int]:
         """Where the window between the free and the moment the block could
-        be handed out again ends (None: it went back to the cache at once)."""
-        if self.free is None:
+        be handed out again ends: its last ``reusable`` (a quarantined block
+        has two: entering and leaving quarantine), or ``end`` if it still
+        waits.  None when it went back to the cache at once."""
+        if self.free is None or not self._held():
             return None
-        if self.reusable is not None:
-            return self.reusable
-        return end if self.pending is not None else None
+        return end if self._still_held() else self.reusable
+
+    def _held(self) -> bool:
+        """Freed into a wait (on events, or in quarantine), not into the cache."""
+        return self.pending is not None or any(m.kind == "poison" for m in self.marks)
+
+    def _still_held(self) -> bool:
+        return self._held() and (self.reusable is None or self.reusable < self.free)
 
     @property
     def state(self) -> str:
         """At the end of the trace: live, held (freed, not yet reusable) or free."""
         if self.free is None:
             return "live"
-        if self.pending is not None and self.reusable is None:
-            return "held"
-        return "free"
+        return "held" if self._still_held() else "free"
 
     def waited_streams(self) -> list:
         """Streams whose events the free waits for: record_use and
@@ -117,7 +122,7 @@ class Lives:
             seen.add((life.device, life.alloc_stream))
             seen.update((life.device, m.stream) for m in life.marks)
         seen.update((s.device, s.stream) for s in self.segments)
-        seen.update((e["device"], e["stream"]) for e in self.events if e["kind"] == "finding")
+        seen.update((0, m.stream) for m in self.loose if m.index is not None)  # the shim traces no device for them
         return sorted(seen)
 
     def findings(self) -> list:
@@ -138,6 +143,7 @@ def build(events: list, shim_findings: Iterable[dict] = ()) -> Lives:
     loose: list = []
     life_of_event: dict = {}
     mark_of_event: dict = {}
+    latest: dict = {}  # ptr -> the latest life at that address
 
     def life_for(i: int, e: dict, create: bool) -> Optional[Life]:
         key = (e["device"], e["ptr"], e["generation"])
@@ -146,6 +152,7 @@ def build(events: list, shim_findings: Iterable[dict] = ()) -> Lives:
             life = Life(f"b{len(blocks) + 1}", e["device"], e["ptr"], e["generation"], e["size"], e["alloc_stream"])
             current[key] = life
             blocks.append(life)
+            latest[e["ptr"]] = life
         if life is not None:
             life_of_event[i] = life
         return life
@@ -167,9 +174,19 @@ def build(events: list, shim_findings: Iterable[dict] = ()) -> Lives:
             life_for(i, e, create=True).alloc = i
         elif kind in ("free", "pending", "reusable"):
             setattr(life_for(i, e, create=True), kind, i)
+        elif kind == "finding":
+            # the shim traces a finding by address only: it goes to the latest
+            # owner of that address, if any (an unknown pointer has none)
+            life = latest.get(e["ptr"])
+            if life is not None and e["device"] >= 0 and life.device != e["device"]:
+                life = None
+            if life is not None:
+                life_of_event[i] = life
+            mark = Mark(i, kind, e["stream"], e["ptr"])
+            mark_of_event[i] = mark
+            (life.marks if life is not None else loose).append(mark)
         elif kind in MARK_KINDS:
-            # a finding may name an address no block holds (an unknown pointer)
-            life = life_for(i, e, create=kind != "finding")
+            life = life_for(i, e, create=True)
             mark = Mark(i, kind, e["stream"], e["ptr"])
             mark_of_event[i] = mark
             (life.marks if life is not None else loose).append(mark)

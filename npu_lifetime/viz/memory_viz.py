@@ -54,7 +54,7 @@ def build(snapshot: dict, lives: Optional[Lives] = None, frames: Optional[dict] 
     frames = frames or {}
     devices = {seg["device"] for seg in snapshot["segments"]}
     if lives is not None:
-        devices |= {e["device"] for e in lives.events}
+        devices |= {e["device"] for e in lives.events if e["device"] >= 0}
     traces: list = [[] for _ in range(max(devices, default=0) + 1)]
     segments = [_segment(seg, lives, frames) for seg in snapshot["segments"]]
     if lives is not None:
@@ -98,7 +98,7 @@ def _segment(seg: dict, lives: Optional[Lives], frames: dict) -> dict:
 
 def _block(b: dict, device: int, lives: Optional[Lives], frames: dict) -> dict:
     state = viewer_state(b["state"])
-    life = _current_life(lives, device, b["address"]) if state != "inactive" else None
+    life = _current_life(lives, device, b) if state != "inactive" else None
     who = f"{life.name} (owner {life.generation} of this address): " if life is not None else ""
     notes = [note(f"{who}{b['state']} in the shim, allocated on {stream_name(b['alloc_stream'])}")]
     notes += [note(f"record_stream({stream_name(s)}): its free waits for all work queued there by the free")
@@ -106,9 +106,9 @@ def _block(b: dict, device: int, lives: Optional[Lives], frames: dict) -> dict:
     for use in b["use_events"]:
         what = "a use nothing recorded (noted)" if use.get("kind") == "note_use" else "record_use event"
         notes.append(note(f"{what} on {stream_name(use['stream'])}: reuse waits for it"))
-    if b["held_events"]:
-        waited = ", ".join(stream_name(s) for s, _ in life.waited_streams()) if life else ""
-        notes.append(note(f"freed, waiting on {b['held_events']} event(s)" + (f" of {waited}" if waited else "")))
+    for held in b["held_events"]:
+        must = "must fire before reuse" if held.get("must_fire") else "a reuse waits for it GPU-side"
+        notes.append(note(f"freed, holding an event of {stream_name(held['stream'])}: {must}"))
     if life is not None:
         notes += life_notes(life, lives)
     return {
@@ -136,11 +136,12 @@ def life_notes(life: Life, lives: Lives) -> list:
     return [note(f"{life.name} {at(index)}: {text}") for index, text in steps]
 
 
-def _current_life(lives: Optional[Lives], device: int, address: int) -> Optional[Life]:
+def _current_life(lives: Optional[Lives], device: int, block: dict) -> Optional[Life]:
+    """The life of the trace that owns ``block`` now (same generation)."""
     if lives is None:
         return None
-    found = [life for life in lives.blocks if life.device == device and life.ptr == address]
-    return max(found, key=lambda life: life.generation) if found else None
+    key = (device, block["address"], block.get("generation"))
+    return next((life for life in reversed(lives.blocks) if life.key == key), None)
 
 
 # -- the trace -------------------------------------------------------------------------------
@@ -161,7 +162,8 @@ def _traces(lives: Lives, frames: dict, final: dict) -> dict:
         completed[(life.device, life.ptr)] = completed.get((life.device, life.ptr), 0) + 1
 
     for i, e in enumerate(lives.events):
-        kind, device, life = e["kind"], e["device"], lives.life_of_event.get(i)
+        kind, life = e["kind"], lives.life_of_event.get(i)
+        device = life.device if life is not None else max(e["device"], 0)  # a finding names no device
         if kind in ("segment_alloc", "segment_free"):
             emit(device, _entry(kind, e["ptr"], e["size"], e["stream"], e["t_ns"]))
         elif kind == "alloc":
@@ -175,7 +177,7 @@ def _traces(lives: Lives, frames: dict, final: dict) -> dict:
             if life.held_until(lives.end) is None:
                 complete(life, e["t_ns"])
         elif kind == "reusable":
-            if life is not None and life.key in waiting:
+            if life is not None and life.key in waiting and i == life.reusable:  # the last one (quarantine)
                 complete(life, e["t_ns"])
         else:
             size = life.size if life is not None else e["size"]

@@ -101,7 +101,7 @@ class Recorder:
 
 
 def _dropped() -> int:
-    return getattr(api.stats(), "trace_dropped", 0)
+    return api.stats().get("trace_dropped", 0)
 
 
 def user_frames(site) -> list:

@@ -132,13 +132,25 @@ def write_pictures(outcome: Outcome, prefix: str, max_events: int) -> None:
         f.write(html)
 
 
+def stats_line(stats: dict) -> str:
+    """The shim's state at the end in one line (torch-style stat keys)."""
+    def cur(name: str) -> int:
+        return stats.get(f"{name}.all.current", 0)
+
+    line = (f"live {cur('allocation')} blocks / {cur('allocated_bytes')} B, pending {cur('pending')} / "
+            f"{cur('pending_bytes')} B, waiting {cur('waiting')} / {cur('waiting_bytes')} B")
+    if cur("quarantined"):
+        line += f", quarantined {cur('quarantined')} / {cur('quarantined_bytes')} B"
+    return line + f", reserved {cur('reserved_bytes')} B (peak {stats.get('reserved_bytes.all.peak', 0)} B)"
+
+
 def _facts(rec: Recording) -> list:
     s = rec.stats
     return [
-        ("runtime, policy", f"{rec.snapshot['runtime']}, {rec.snapshot['policy']}"),
+        ("runtime, policy", f"{rec.snapshot['runtime']}, {rec.snapshot['policy']}"
+                            + (", debug (poison + quarantine)" if rec.snapshot.get("debug") else "")),
         ("trace", "not available" if rec.events is None else f"{len(rec.events)} events, {rec.dropped} dropped"),
-        ("at the end", f"live {s.live_blocks} blocks / {s.live_bytes} B, pending {s.pending_blocks} / "
-                       f"{s.pending_bytes} B, cached {s.cached_blocks} / {s.cached_bytes} B"),
-        ("peaks", f"active (live + pending) {s.peak_active_bytes} B, reserved {s.peak_reserved_bytes} B"),
+        ("at the end", stats_line(s)),
+        ("peak active", f"{s.get('active_bytes.all.peak', 0)} B (live + freed blocks waiting on events)"),
         ("findings", f"shim {len(rec.shim_findings)}, sanitizer {len(rec.sanitizer_findings)}"),
     ]

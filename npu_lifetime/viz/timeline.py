@@ -27,7 +27,7 @@ SYMBOLS = {  # mark kind: (shape, colour, legend text)
     "record_stream": ("square", "#7b4fa0", "record_stream: the free waits for all the stream has queued by the free"),
     "erase_stream": ("cross", "#7b4fa0", "erase_stream: a record_stream withdrawn"),
     "note_use": ("triangle", "#e6550d", "a use nothing recorded (the sanitizer told the shim)"),
-    "reuse_wait": ("diamond", "#2ca02c", "handed out at once, the stream waiting GPU-side on the old owner's events"),
+    "reuse_wait": ("diamond", "#2ca02c", "handed to the next owner at once, behind a GPU-side wait on its events"),
     "poison": ("bar", "#555555", "filled with the poison pattern"),
     "finding": ("bang", "#d62728", "a shim finding"),
 }

@@ -7,7 +7,11 @@ Each event is a dict (oldest first, as ``shim.api.trace()`` returns them)::
 
 ``stream`` is the stream of the call (the allocation stream for alloc and
 free, the recorded stream for record_*); ``generation`` counts the owners of
-that address, so ``(device, ptr, generation)`` names one block life.
+that address, so ``(device, ptr, generation)`` names one block life.  A
+``finding`` carries only its address and stream (device -1, generation 0);
+``reuse_wait`` comes just before the new owner's ``alloc``, with the old
+owner's generation; a quarantined block has two ``reusable`` events
+(entering and leaving quarantine).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ KINDS = {
     "note_use": "a use on the stream that nothing recorded (the sanitizer told the shim)",
     "pending": "the free is deferred until events on other streams fire",
     "reusable": "the block can be handed out again (its events fired, or it left quarantine)",
-    "reuse_wait": "handed out at once, the allocating stream waiting GPU-side on the old owner's events",
+    "reuse_wait": "handed to its next owner at once, whose stream waits GPU-side on this owner's events",
     "poison": "the freed block was filled with the poison pattern",
     "finding": "the shim reported a finding",
 }

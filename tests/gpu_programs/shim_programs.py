@@ -35,7 +35,7 @@ def basic():
         del t
     s = shim.stats()
     return {"rel_error": rel, "distinct_ptrs": len(ptrs), "allocations": s.allocations,
-            "cache_hits": s.cache_hits, "runtime": shim.runtime_name(), "findings": shim.findings()}
+            "cache_hits": s["cache_hits"], "runtime": shim.runtime_name(), "findings": shim.findings()}
 
 
 def warm_up_kernels():

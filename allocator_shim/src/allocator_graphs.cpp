@@ -1,0 +1,47 @@
+// The caching allocator's side of graph capture: routing allocations to
+// private pools, releasing them, and answering which of a pool's blocks
+// are live (what torch's cudagraph trees check before replaying).
+#include "caching_allocator.h"
+
+namespace npl {
+
+void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
+    std::lock_guard<std::mutex> lock(mu_);
+    graph_pools_.begin(device, id, std::move(filter));
+}
+
+void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    graph_pools_.end(device, id);
+}
+
+void CachingAllocator::release_pool(int device, PoolId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (graph_pools_.release(device, id) && rt_ != nullptr) release_free_segments(device, false);
+}
+
+std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<void*> live;
+    for (const auto& entry : segments_) {
+        const Segment* seg = entry.second;
+        if (seg->device != device || !(seg->pool_id == id)) continue;
+        for (const Block* b = seg->first; b != nullptr; b = b->next) {
+            if (b->state == BlockState::live) live.push_back(b->ptr);
+        }
+    }
+    return live;
+}
+
+void* CachingAllocator::base_allocation(void* ptr, size_t* size) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    char* p = static_cast<char*>(ptr);
+    auto it = segments_.upper_bound(p);
+    if (it == segments_.begin()) return ptr;
+    const Segment* seg = std::prev(it)->second;
+    if (p >= seg->base + seg->size) return ptr;
+    if (size != nullptr) *size = seg->size;
+    return seg->base;
+}
+
+}  // namespace npl

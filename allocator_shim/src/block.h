@@ -1,0 +1,126 @@
+// Blocks, segments and pools: the allocator's data, with no behaviour.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <vector>
+
+#include "runtime.h"
+
+namespace npl {
+
+// A graph's private memory pool (torch's MempoolId_t); {0, 0} is the
+// eager (default) pool.
+struct PoolId {
+    uint64_t first = 0, second = 0;
+    bool eager() const { return first == 0 && second == 0; }
+    bool operator==(const PoolId& o) const { return first == o.first && second == o.second; }
+};
+
+enum class BlockState : uint8_t {
+    live,         // handed out
+    pending,      // freed; held until events that must fire before reuse have fired
+    deferred,     // freed during a graph capture; its events are recorded once no capture is underway
+    quarantined,  // freed, poisoned and held back (debug mode)
+    cached,       // in its pool (perhaps carrying use events: reused behind a GPU-side wait)
+};
+
+// An event a freed block waits for.  `must_fire`: the block stays out of
+// the pool until it has fired (record_stream and note_use events, or any
+// event under the poll policy); otherwise the allocating stream waits on it
+// GPU-side when the block is reused.
+struct HeldEvent {
+    Stream stream;
+    Event event;
+    int device;    // the event's device (its stream's): it returns to that device's pool
+    uint64_t seq;  // record order: of two events on one stream the later subsumes
+    bool must_fire;
+};
+
+// What a live block knows about one stream other than its allocation stream.
+struct StreamUse {
+    Stream stream = nullptr;
+    Event event = nullptr;  // the one live use event on this stream, if any
+    int event_device = 0;
+    uint64_t seq = 0;
+    bool recorded = false;  // record_stream: record an event here at the free
+    bool noted = false;     // `event` witnesses a use nothing recorded (the sanitizer saw it)
+};
+
+struct Segment;
+struct Block;
+struct Pool;
+
+struct BlockBySize {
+    bool operator()(const Block* a, const Block* b) const;
+};
+
+struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;       // rounded size
+    size_t requested = 0;  // what the live owner asked for
+    int device = 0;
+    Stream stream = nullptr;  // allocation stream: the pool it belongs to
+    bool small = false;
+    uint64_t generation = 0;  // owners of this address, this one included (live blocks)
+    Segment* segment = nullptr;
+    Pool* pool = nullptr;
+    Block* prev = nullptr;  // neighbours inside the segment
+    Block* next = nullptr;
+    BlockState state = BlockState::cached;
+    std::vector<StreamUse> uses;
+    std::vector<HeldEvent> held;
+    std::vector<Stream> last_streams;  // debug mode: the other streams of the last owner
+
+    bool split() const { return prev != nullptr || next != nullptr; }
+    bool must_fire() const {
+        for (const HeldEvent& h : held) {
+            if (h.must_fire) return true;
+        }
+        return false;
+    }
+};
+
+struct Segment {
+    char* base = nullptr;
+    size_t size = 0;
+    int device = 0;
+    Stream stream = nullptr;
+    bool small = false;
+    PoolId pool_id;
+    Block* first = nullptr;
+};
+
+inline bool BlockBySize::operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+}
+
+// The cached blocks of one (device, stream, size class, graph pool).
+struct Pool {
+    int device = 0;
+    Stream stream = nullptr;
+    bool small = false;
+    PoolId id;
+    std::set<Block*, BlockBySize> blocks;
+};
+
+struct PoolKey {
+    int device;
+    Stream stream;
+    bool small;
+    PoolId id;
+    bool operator==(const PoolKey& o) const {
+        return device == o.device && stream == o.stream && small == o.small && id == o.id;
+    }
+};
+
+struct PoolKeyHash {
+    size_t operator()(const PoolKey& k) const {
+        size_t h = std::hash<const void*>()(k.stream) ^ (static_cast<size_t>(k.device) << 1) ^ (k.small ? 0x9e37 : 0);
+        return h ^ (k.id.first * 0x9e3779b97f4a7c15ull) ^ (k.id.second << 7);
+    }
+};
+
+}  // namespace npl

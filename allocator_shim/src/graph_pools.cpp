@@ -1,0 +1,68 @@
+#include "graph_pools.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace npl {
+
+void GraphPools::begin(int device, PoolId id, StreamFilter filter) {
+    captures_.push_back(Capture{device, id, std::move(filter)});
+    Refs* r = refs(device, id);
+    if (r == nullptr) {
+        refs_.push_back(Refs{device, id, 1});
+    } else {
+        r->count++;
+    }
+}
+
+void GraphPools::end(int device, PoolId id) {
+    auto it = std::find_if(captures_.begin(), captures_.end(),
+                           [&](const Capture& c) { return c.device == device && c.id == id; });
+    if (it != captures_.end()) captures_.erase(it);
+}
+
+bool GraphPools::release(int device, PoolId id) {
+    Refs* r = refs(device, id);
+    if (r == nullptr) return true;
+    if (r->count > 0) r->count--;
+    return r->count == 0;
+}
+
+PoolId GraphPools::pool_for(int device, Stream stream) const {
+    for (const Capture& c : captures_) {
+        if (c.device == device && (!c.filter || c.filter(stream))) return c.id;
+    }
+    return PoolId{};
+}
+
+bool GraphPools::capture_underway(int device) const {
+    return std::any_of(captures_.begin(), captures_.end(), [&](const Capture& c) { return c.device == device; });
+}
+
+bool GraphPools::freeable(int device, PoolId id) const {
+    const Refs* r = refs(device, id);
+    return r == nullptr || r->count == 0;
+}
+
+int GraphPools::references(int device, PoolId id) const {
+    const Refs* r = refs(device, id);
+    return r == nullptr ? 0 : r->count;
+}
+
+GraphPools::Refs* GraphPools::refs(int device, PoolId id) {
+    for (Refs& r : refs_) {
+        if (r.device == device && r.id == id) return &r;
+    }
+    return nullptr;
+}
+
+const GraphPools::Refs* GraphPools::refs(int device, PoolId id) const {
+    return const_cast<GraphPools*>(this)->refs(device, id);
+}
+
+void GraphPools::clear() {
+    captures_.clear();
+    refs_.clear();
+}
+
+}  // namespace npl

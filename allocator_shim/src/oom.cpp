@@ -1,0 +1,175 @@
+// The out-of-memory path, the memory fraction, and giving segments back.
+#include <cinttypes>
+#include <cstdio>
+
+#include "caching_allocator.h"
+
+namespace npl {
+
+namespace {
+thread_local std::string oom_message;
+
+std::string mib(uint64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+    return buf;
+}
+}  // namespace
+
+const std::string& last_oom_message() { return oom_message; }
+
+Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int* code) {
+    double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
+    if (fraction > 0.0) {
+        size_t total = 0;
+        if (rt_->memory_total(device, &total, code) == Status::ok) {
+            auto limit = static_cast<uint64_t>(fraction * static_cast<double>(total));
+            auto reserved = static_cast<uint64_t>(dstats(device).get(StatId::reserved_bytes).current);
+            if (reserved + bytes > limit) {
+                *code = 0;
+                return Status::out_of_memory;
+            }
+        }
+    }
+    return rt_->malloc(ptr, bytes, device, code);
+}
+
+bool CachingAllocator::set_memory_fraction(double fraction, int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!(fraction >= 0.0 && fraction <= 1.0) || device < 0) {
+        Finding f;
+        f.kind = "invalid_argument";
+        f.op = "set_memory_fraction";
+        f.device = device;
+        f.detail = "the fraction must be in [0, 1] and the device >= 0; ignored";
+        report(std::move(f));
+        return false;
+    }
+    if (static_cast<size_t>(device) >= fractions_.size()) fractions_.resize(device + 1, 0.0);
+    fractions_[device] = fraction;
+    return true;
+}
+
+double CachingAllocator::memory_fraction(int device) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return device >= 0 && static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
+}
+
+// Frees memory step by step, searching the pool again after each step that
+// may have made a cached block fit, and retrying the runtime after each step
+// that gave memory back.  During a capture no event may be queried or
+// waited on: only free segments are given back.
+Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream, Status first, int code) {
+    int device = p->device;
+    if (first != Status::out_of_memory) {
+        runtime_error("malloc", code, nullptr, stream);
+        return nullptr;
+    }
+    DeviceStats& st = dstats(device);
+    st.count(CounterId::num_alloc_retries);
+    auto retry = [&]() -> Block* {
+        release_free_segments(device, false);
+        Status s = Status::ok;
+        int c = 0;
+        return try_new_segment(p, size, &s, &c);
+    };
+    bool frozen = events_frozen(device) || capturing(stream);
+    Block* b = nullptr;
+    if (!frozen) {
+        process_deferred();
+        process_events_locked();
+        if ((b = take_cached(p, size, stream)) != nullptr) return b;
+        drop_fired_events_of_cached(device);
+    }
+    if ((b = retry()) != nullptr) return b;
+    if (!frozen) {
+        synchronize_held_events(device);
+        process_events_locked();
+        drop_fired_events_of_cached(device);
+        if ((b = take_cached(p, size, stream)) != nullptr) return b;
+        if (!quarantine_.empty()) {
+            trim_quarantine(true);
+            if ((b = take_cached(p, size, stream)) != nullptr) return b;
+        }
+        if ((b = retry()) != nullptr) return b;
+    }
+    st.count(CounterId::num_ooms);
+    note_oom(device, size, segment_size_for(size, p->small), stream, code, frozen ? "during a graph capture" : "");
+    return nullptr;
+}
+
+void CachingAllocator::note_oom(int device, size_t size, size_t segment, Stream stream, int code, const char* why) {
+    const DeviceStats& st = dstats(device);
+    uint64_t reserved = st.get(StatId::reserved_bytes).current, allocated = st.get(StatId::allocated_bytes).current;
+    uint64_t pending = st.get(StatId::pending_bytes).current, quarantined = st.get(StatId::quarantined_bytes).current;
+    size_t total = 0;
+    int c = 0;
+    rt_->memory_total(device, &total, &c);
+    double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
+    std::string text = "npu_lifetime shim: out of memory on device " + std::to_string(device) + ": tried to allocate " +
+                       mib(size) + " (a " + mib(segment) + " segment); " + mib(reserved) + " reserved, " +
+                       mib(allocated) + " allocated to live tensors, " + mib(pending) +
+                       " freed but waiting for other streams' events, " + mib(reserved - allocated - pending) +
+                       " cached";
+    if (quarantined) text += " (" + mib(quarantined) + " in the debug quarantine)";
+    if (total) text += "; device total " + mib(total);
+    if (fraction > 0.0) text += "; memory fraction " + std::to_string(fraction);
+    if (*why) text += std::string("; ") + why;
+    oom_message = text;
+    Finding f;
+    f.kind = "out_of_memory";
+    f.op = "alloc";
+    f.size = static_cast<int64_t>(size);
+    f.device = device;
+    f.stream = stream;
+    f.code = code;
+    f.detail = text;
+    report(std::move(f));
+}
+
+bool CachingAllocator::segment_releasable(const Segment* seg) const {
+    const Block* b = seg->first;
+    if (b->next != nullptr || b->state != BlockState::cached || !b->held.empty()) return false;
+    return seg->pool_id.eager() || graph_pools_.freeable(seg->device, seg->pool_id);
+}
+
+// Gives fully free segments back (of `device`, or of every device).
+void CachingAllocator::release_free_segments(int device, bool any_device) {
+    for (auto it = segments_.begin(); it != segments_.end();) {
+        Segment* seg = it->second;
+        if ((!any_device && seg->device != device) || !segment_releasable(seg)) {
+            ++it;
+            continue;
+        }
+        Block* b = seg->first;
+        int code = 0;
+        if (rt_->free(seg->base, seg->device, &code) != Status::ok) {
+            runtime_error("free", code, b, nullptr);
+            ++it;
+            continue;
+        }
+        trace(TraceKind::segment_free, b, nullptr);
+        pool_erase(b);
+        recycle_block(b);
+        DeviceStats& st = dstats(seg->device);
+        st.add(StatId::segment, seg->small, -1);
+        st.add(StatId::reserved_bytes, seg->small, -static_cast<int64_t>(seg->size));
+        st.count(CounterId::num_device_free);
+        it = segments_.erase(it);
+        delete seg;
+    }
+}
+
+void CachingAllocator::empty_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rt_ == nullptr) return;
+    if (!graph_pools_.any_capture_underway()) {
+        process_deferred();
+        process_events_locked();
+        for (size_t d = 0; d < stats_.size(); ++d) drop_fired_events_of_cached(static_cast<int>(d));
+        trim_quarantine(true);
+    }
+    release_free_segments(0, true);
+}
+
+}  // namespace npl

@@ -1,0 +1,95 @@
+// Debug mode: freed blocks are poisoned once really free (every event they
+// waited for has fired) and quarantined; a block leaving the quarantine is
+// checked, so a write into freed memory is reported with the last owner.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "caching_allocator.h"
+
+namespace npl {
+
+namespace {
+constexpr size_t kCheckChunk = 1 << 20;
+}
+
+void CachingAllocator::set_debug(bool enabled, size_t quarantine_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!enabled && rt_ != nullptr) trim_quarantine(true);
+    quarantine_.configure(enabled, quarantine_bytes);
+}
+
+bool CachingAllocator::debug() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return quarantine_.enabled();
+}
+
+void CachingAllocator::quarantine(Block* b) {
+    b->state = BlockState::quarantined;
+    DeviceStats& s = dstats(b->device);
+    s.add(StatId::quarantined, b->small, 1);
+    s.add(StatId::quarantined_bytes, b->small, static_cast<int64_t>(b->size));
+    int code = 0;
+    if (rt_->memset_async(b->ptr, kPoisonByte, b->size, b->stream, &code) != Status::ok) {
+        runtime_error("memset(poison)", code, b, b->stream);
+    }
+    trace(TraceKind::poison, b, nullptr);
+    quarantine_.push(b);
+    trim_quarantine(false);
+}
+
+// Releases the oldest quarantined blocks while over capacity (all of them
+// with `all`), each after a check of its poison.
+void CachingAllocator::trim_quarantine(bool all) {
+    while (!quarantine_.empty() && (all || quarantine_.over_capacity())) {
+        Block* b = quarantine_.pop_oldest();
+        check_poison(b);
+        DeviceStats& s = dstats(b->device);
+        s.add(StatId::quarantined, b->small, -1);
+        s.add(StatId::quarantined_bytes, b->small, -static_cast<int64_t>(b->size));
+        b->last_streams.clear();
+        trace(TraceKind::reusable, b, nullptr);
+        cache_block(b);
+    }
+}
+
+void CachingAllocator::check_poison(Block* b) {
+    int code = 0;
+    if (rt_->stream_synchronize(b->stream, &code) != Status::ok) {
+        runtime_error("stream_synchronize(poison check)", code, b, b->stream);
+        return;
+    }
+    dstats(b->device).count(CounterId::poison_checks);
+    std::vector<unsigned char> host(std::min(b->size, kCheckChunk));
+    size_t first_dirty = SIZE_MAX, dirty = 0;
+    for (size_t off = 0; off < b->size; off += host.size()) {
+        size_t n = std::min(host.size(), b->size - off);
+        if (rt_->copy_to_host(host.data(), b->ptr + off, n, b->device, &code) != Status::ok) {
+            runtime_error("copy_to_host(poison check)", code, b, b->stream);
+            return;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            if (host[i] == kPoisonByte) continue;
+            if (first_dirty == SIZE_MAX) first_dirty = off + i;
+            dirty++;
+        }
+    }
+    if (dirty == 0) return;
+    dstats(b->device).count(CounterId::poison_violations);
+    Finding f;
+    f.kind = "write_after_free";
+    f.op = "quarantine_check";
+    f.address = b->ptr;
+    f.size = static_cast<int64_t>(b->size);
+    f.device = b->device;
+    f.alloc_stream = b->stream;
+    f.generation = b->generation;
+    for (Stream s : b->last_streams) f.streams.push_back(s);
+    f.detail = std::to_string(dirty) + " byte(s) written after the free, the first at offset " +
+               std::to_string(first_dirty) + ": a kernel of the last owner (generation " +
+               std::to_string(b->generation) + ") still wrote into it; its streams are `alloc_stream` and `streams`. "
+               "A record_stream/record_use for the writing stream is missing";
+    report(std::move(f));
+}
+
+}  // namespace npl

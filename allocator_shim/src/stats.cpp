@@ -1,0 +1,81 @@
+#include "stats.h"
+
+#include "json.h"
+
+namespace npl {
+
+namespace {
+
+const char* const kPoolNames[kPoolKinds] = {"all", "small_pool", "large_pool"};
+const char* const kFieldNames[4] = {"current", "peak", "allocated", "freed"};
+
+struct Entry {
+    const char* name;
+    const char* meaning;
+    bool stat;
+};
+
+const Entry kEntries[] = {
+#define NPL_STAT_ENTRY(name, meaning) {#name, meaning, true},
+#define NPL_COUNTER_ENTRY(name, meaning) {#name, meaning, false},
+    NPL_STATS(NPL_STAT_ENTRY, NPL_COUNTER_ENTRY)
+#undef NPL_STAT_ENTRY
+#undef NPL_COUNTER_ENTRY
+};
+
+}  // namespace
+
+void DeviceStats::reset_peaks() {
+    for (auto& row : stats) {
+        for (Stat& s : row) s.reset_peak();
+    }
+}
+
+void DeviceStats::reset_accumulated() {
+    for (auto& row : stats) {
+        for (Stat& s : row) s.reset_accumulated();
+    }
+}
+
+const std::vector<std::string>& stat_names() {
+    static const std::vector<std::string> names = [] {
+        std::vector<std::string> out;
+        for (const Entry& e : kEntries) {
+            if (!e.stat) {
+                out.emplace_back(e.name);
+                continue;
+            }
+            for (const char* pool : kPoolNames) {
+                for (const char* field : kFieldNames) out.push_back(std::string(e.name) + "." + pool + "." + field);
+            }
+        }
+        return out;
+    }();
+    return names;
+}
+
+void stat_values(const DeviceStats& s, uint64_t* out) {
+    int stat = 0, counter = 0;
+    for (const Entry& e : kEntries) {
+        if (!e.stat) {
+            *out++ = s.counters[counter++];
+            continue;
+        }
+        for (const Stat& v : s.stats[stat++]) {
+            *out++ = static_cast<uint64_t>(v.current);
+            *out++ = static_cast<uint64_t>(v.peak);
+            *out++ = static_cast<uint64_t>(v.allocated);
+            *out++ = static_cast<uint64_t>(v.freed);
+        }
+    }
+}
+
+std::string stat_meanings_json() {
+    Json j;
+    j.open_object();
+    for (const Entry& e : kEntries) j.key(e.name).value(e.meaning);
+    j.close_object();
+    return j.str();
+}
+
+}  // namespace npl

@@ -1,0 +1,141 @@
+"""Graph capture under the shim (simulated runtime): private pools, frees
+during a capture, and no event queried or recorded inside a capture.
+The torch side (torch.cuda.graph, cudagraph trees) runs in test_gpu_graphs.py."""
+from conftest import S1, S2
+
+POOL = (7, 0)
+
+
+def begin(shim, stream=S1, pool=POOL):
+    shim.begin_allocate_to_pool(0, pool, stream)
+    shim.sim.set_capturing(stream, True)
+
+
+def end(shim, stream=S1, pool=POOL):
+    shim.sim.set_capturing(stream, False)
+    shim.end_allocate_to_pool(0, pool)
+
+
+def test_a_temporary_freed_in_a_capture_is_not_handed_to_an_eager_tensor(sim_shim):
+    begin(sim_shim)
+    t = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(t, 4096, 0, S1)
+    end(sim_shim)
+    eager = sim_shim.alloc(4096, 0, S1)
+    assert eager != t  # the graph replays writes to t
+
+
+def test_an_eagerly_cached_block_is_not_handed_into_a_capture(sim_shim):
+    e = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(e, 4096, 0, S1)
+    begin(sim_shim)
+    inside = sim_shim.alloc(4096, 0, S1)
+    end(sim_shim)
+    assert inside != e
+    assert sim_shim.alloc(4096, 0, S1) == e  # eager memory stays eager
+
+
+def test_memory_freed_inside_a_capture_is_reused_inside_it(sim_shim):
+    begin(sim_shim)
+    a = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(a, 4096, 0, S1)
+    assert sim_shim.alloc(4096, 0, S1) == a
+    end(sim_shim)
+
+
+def test_a_later_capture_into_the_same_pool_reuses_its_blocks(sim_shim):
+    begin(sim_shim)
+    a = sim_shim.alloc(4096, 0, S1)
+    end(sim_shim)
+    sim_shim.free(a, 4096, 0, S1)  # an output freed after the capture
+    assert sim_shim.alloc(4096, 0, S1) != a
+    begin(sim_shim)
+    assert sim_shim.alloc(4096, 0, S1) == a
+    end(sim_shim)
+
+
+def test_streams_the_capture_does_not_claim_stay_eager(sim_shim):
+    e = sim_shim.alloc(4096, 0, S2)
+    sim_shim.free(e, 4096, 0, S2)
+    begin(sim_shim, stream=S1)
+    assert sim_shim.alloc(4096, 0, S2) == e
+    end(sim_shim)
+
+
+def test_pool_live_allocations_answer_the_cudagraph_trees_check(sim_shim):
+    begin(sim_shim)
+    a, b = sim_shim.alloc(100, 0, S1), sim_shim.alloc(3 << 20, 0, S1)
+    c = sim_shim.alloc(100, 0, S1)
+    sim_shim.free(c, 100, 0, S1)
+    end(sim_shim)
+    sim_shim.alloc(100, 0, S1)  # eager: not in the pool
+    assert sorted(sim_shim.pool_live_allocations(0, POOL)) == sorted([a, b])
+    assert sim_shim.pool_live_allocations(0, (99, 0)) == []
+
+
+def test_a_released_pool_gives_its_segments_back(sim_shim):
+    begin(sim_shim)
+    a = sim_shim.alloc(4096, 0, S1)
+    end(sim_shim)
+    reserved = sim_shim.stats()["reserved_bytes.all.current"]
+    sim_shim.empty_cache()  # the graph still holds a reference: nothing goes
+    assert sim_shim.stats()["reserved_bytes.all.current"] == reserved
+    sim_shim.release_pool(0, POOL)
+    assert sim_shim.stats()["reserved_bytes.all.current"] == reserved  # a is still live
+    sim_shim.free(a, 4096, 0, S1)  # the last block of a released pool: its segment goes
+    assert sim_shim.stats()["reserved_bytes.all.current"] == 0
+
+
+def test_new_segments_during_a_capture_belong_to_its_pool(sim_shim):
+    begin(sim_shim)
+    big = sim_shim.alloc(64 << 20, 0, S1)
+    end(sim_shim)
+    [seg] = [s for s in sim_shim.snapshot()["segments"] if s["address"] == big]
+    assert tuple(seg["graph_pool"]) == POOL
+
+
+def test_a_free_during_a_capture_records_no_event_until_it_ends(sim_shim):
+    x = sim_shim.alloc(4096, 0, S1)  # eager, used on S2
+    sim_shim.record_stream(x, S2)
+    recorded = sim_shim.stats()["events_recorded"]
+    begin(sim_shim)
+    sim_shim.sim.set_capturing(S2, True)
+    sim_shim.free(x, 4096, 0, S1)  # during the capture: its event would be captured
+    assert sim_shim.stats()["events_recorded"] == recorded
+    assert sim_shim.stats()["capture_deferred_frees"] == 1
+    sim_shim.sim.set_capturing(S2, False)
+    end(sim_shim)
+    sim_shim.process_events()  # no capture underway: the deferred free records its event now
+    assert sim_shim.stats()["events_recorded"] == recorded + 1
+    assert sim_shim.alloc(4096, 0, S1) != x  # held until S2 passes that event
+    sim_shim.sim.complete(S2)
+    assert sim_shim.alloc(4096, 0, S1) == x
+
+
+def test_record_use_during_a_capture_falls_back_to_record_stream(sim_shim):
+    x = sim_shim.alloc(4096, 0, S1)
+    begin(sim_shim)
+    recorded = sim_shim.stats()["events_recorded"]
+    assert sim_shim.record_use(x, S2)
+    assert sim_shim.stats()["events_recorded"] == recorded  # no event inside the graph
+    end(sim_shim)
+    [block] = [b for s in sim_shim.snapshot()["segments"] for b in s["blocks"] if b["address"] == x]
+    assert block["recorded_streams"] == [S2]
+
+
+def test_no_event_is_queried_while_a_capture_is_underway(acl_shim):
+    from npu_lifetime import shim
+
+    x = shim.alloc(4096, 0, S1)
+    shim.record_use(x, S2)
+    shim.free(x, 4096, 0, S1)  # pending under poll
+    queries = acl_shim.fake_acl_calls(b"aclrtQueryEventStatus")
+    shim.begin_allocate_to_pool(0, POOL, S1)
+    shim.alloc(4096, 0, S1)
+    shim.alloc(4096, 0, S2)  # an eager allocation on another stream, during the capture
+    shim.process_events()
+    shim.empty_cache()
+    assert acl_shim.fake_acl_calls(b"aclrtQueryEventStatus") == queries
+    shim.end_allocate_to_pool(0, POOL)
+    shim.process_events()
+    assert acl_shim.fake_acl_calls(b"aclrtQueryEventStatus") > queries
