@@ -61,7 +61,12 @@ class Life:
         return self.pending is not None or any(m.kind == "poison" for m in self.marks)
 
     def _still_held(self) -> bool:
-        return self._held() and (self.reusable is None or self.reusable < self.free)
+        """Held, and no ``reusable`` came after the last pending or poison."""
+        if not self._held():
+            return False
+        last_wait = max(i for i in (self.pending, *(m.index for m in self.marks if m.kind == "poison"))
+                        if i is not None)
+        return self.reusable is None or self.reusable < last_wait
 
     @property
     def state(self) -> str:
