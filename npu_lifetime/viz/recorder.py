@@ -34,6 +34,7 @@ class Recording:
     frames: dict  # trace position -> Python frames of that alloc/free, innermost first
     sanitizer_findings: list = field(default_factory=list)  # timeline.SanitizerFinding
     notes: list = field(default_factory=list)  # what the reader should know (shown with the pictures)
+    stream_names: dict = field(default_factory=dict)  # stream handle -> its role, where known
 
     @property
     def block_count(self) -> int:

@@ -42,6 +42,7 @@ def run_demo(capacity: int) -> Outcome:
     recorder = Recorder(capacity).start()
     demo.run()
     recording = recorder.stop("the built-in hand-off demo (npu_lifetime/viz/demo.py) on the simulated runtime")
+    recording.stream_names = dict(demo.STREAM_NAMES)
     return Outcome(recording, script_failed=False)
 
 
@@ -125,7 +126,8 @@ def write_pictures(outcome: Outcome, prefix: str, max_events: int) -> None:
                          "final state only.")
     outcome.pickle_path, outcome.html_path = f"{prefix}.pickle", f"{prefix}.html"
     memory_viz.write(outcome.pickle_path, data)
-    page = timeline.Page(source=rec.source, facts=_facts(rec), notice=" ".join(rec.notes))
+    page = timeline.Page(source=rec.source, facts=_facts(rec), notice=" ".join(rec.notes),
+                         stream_names=rec.stream_names)
     empty = lives_mod.build([], rec.shim_findings)
     html = timeline.render(lives if lives is not None else empty, page, tuple(rec.sanitizer_findings), max_events)
     with open(outcome.html_path, "w", encoding="utf-8") as f:

@@ -52,13 +52,14 @@ class Page:
     source: str = ""
     facts: list = field(default_factory=list)  # (label, value)
     notice: str = ""  # why the picture is empty or partial
+    stream_names: dict = field(default_factory=dict)  # stream handle -> a role ("comm")
 
 
 def render(lives: Lives, page: Page, sanitizer_findings: tuple = (), max_events: int = 4000) -> str:
     """The HTML page.  At most ``max_events`` trace events are drawn (the
     latest); the tables list every block."""
     start = max(0, lives.end - max_events)
-    canvas = _Canvas(lives, start)
+    canvas = _Canvas(lives, start, page.stream_names)
     placed = _place_sanitizer_findings(lives, sanitizer_findings)
     svg = canvas.draw(placed)
     notices = [page.notice] if page.notice else []
@@ -98,10 +99,10 @@ def _place_sanitizer_findings(lives: Lives, findings: tuple) -> list:
 
 
 class _Canvas:
-    def __init__(self, lives: Lives, start: int) -> None:
-        self.lives, self.start = lives, start
+    def __init__(self, lives: Lives, start: int, stream_names: dict) -> None:
+        self.lives, self.start, self.stream_names = lives, start, stream_names
         steps = lives.end - start + 1
-        self.step_w = max(6.0, min(40.0, 1100.0 / max(steps, 1)))
+        self.step_w = max(6.0, min(40.0, 1000.0 / max(steps, 1)))
         self.width = LABEL_W + steps * self.step_w + 20
         self.lanes = lives.streams()
         self.rows = self._pack_rows()
@@ -194,8 +195,10 @@ class _Canvas:
         y = self.lane_y[lane]
         h = MARK_ROW_H + max(1, self.rows_in_lane(lane)) * ROW_H
         self.out.append(f'<rect x="0" y="{y - 2}" width="{self.width:.0f}" height="{h + 4}" class="lane"/>')
+        role = self.stream_names.get(stream)
         self.out.append(f'<text x="6" y="{y + 13}" class="lanename">{_e(stream_name(stream))}</text>')
-        self.out.append(f'<text x="6" y="{y + 27}" class="lanesub">device {device}</text>')
+        self.out.append(f'<text x="6" y="{y + 27}" class="lanesub">device {device}{", " + _e(role) if role else ""}'
+                        '</text>')
         self.out.append(f'<line x1="{LABEL_W - 4}" y1="{y + MARK_ROW_H}" x2="{self.width:.0f}" '
                         f'y2="{y + MARK_ROW_H}" class="markrow"/>')
 
