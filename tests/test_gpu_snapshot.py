@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import torch.cuda._memory_viz as torch_viz
-
 from gpu_helpers import PROGRAMS, requires_cuda
+
 from npu_lifetime.viz import memory_viz
 
 pytestmark = requires_cuda

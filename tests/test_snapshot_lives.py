@@ -36,7 +36,7 @@ def test_alloc_free_pending_and_reusable_positions(built):
 
 def test_streams_the_free_waits_for(built):
     assert by_name(built, "b1").waited_streams() == [(fx.M, ["record_use"])]
-    assert by_name(built, "b2").waited_streams() == [(fx.M, ["record_stream"]), (fx.O, ["record_stream"])]
+    assert by_name(built, "b2").waited_streams() == [(fx.M, ["record_stream"]), (fx.S, ["record_stream"])]
     assert by_name(built, "b3").waited_streams() == [(fx.M, ["note_use"])]
     assert by_name(built, "b5").waited_streams() == []
 
@@ -77,7 +77,7 @@ def test_a_life_that_began_before_the_trace():
 
 
 def test_every_stream_a_block_touched_is_a_lane(built):
-    assert built.streams() == [(0, fx.C), (0, fx.M), (0, fx.O)]
+    assert built.streams() == [(0, fx.C), (0, fx.M), (0, fx.S)]
 
 
 @pytest.mark.parametrize("events, message", [

@@ -105,7 +105,7 @@ def test_lifetime_calls_are_trace_entries_of_their_own(written):
     _, data = written
     trace = data["device_traces"][0]
     own = [(e["action"], e["stream"], e["version"]) for e in trace if "version" in e]
-    assert ("record_use", fx.M, 0) in own and ("record_use", fx.O, 1) in own  # E is A's address, owner 2
+    assert ("record_use", fx.M, 0) in own and ("record_use", fx.S, 1) in own  # E is A's address, owner 2
     assert ("reuse_wait", fx.C, 2) in own and ("note_use", fx.M, 0) in own
     allocs = [e for e in trace if e["action"] == "alloc"]
     assert allocs[0]["frames"][-1] == fx.FRAMES[1][0]  # the Python frames of the allocation follow the notes

@@ -1,19 +1,19 @@
 """A hand-written allocator trace and the final shim snapshot it leads to,
 in the schema of ``shim.api.trace()`` / ``shim.api.snapshot()``.
 
-One 2 MiB segment on the compute stream C; the comm stream M and another
-stream O use blocks:
+One 2 MiB segment on the compute stream C; the comm stream M and a side
+stream S use blocks:
   A  record_use on M, freed, pending until M's event fired, reusable
-  B  record_stream on M (and later O), still live at the end
+  B  record_stream on M (and later S), still live at the end
   D  a use on M nothing recorded (note_use), freed: a finding, still pending
-  E  A's address again, record_use on O, freed into the cache (stream-wait)
+  E  A's address again, record_use on S, freed into the cache (stream-wait)
   F  E's address again, handed out behind a GPU-side wait, freed, freed again
 and a free of an address the shim never handed out.  As the shim traces
 them: a free straight into the cache is followed by ``reusable``; findings
 carry no device (-1) and no generation; reuse_wait precedes the new owner's
 alloc with the old owner's generation.
 """
-C, M, O = 0x10, 0x20, 0x30
+C, M, S = 0x10, 0x20, 0x30
 SEG = 0x10000000
 K = 256 * 1024
 MIB2 = 2 * 1024 * 1024
@@ -37,7 +37,7 @@ _STEPS = [
     ("finding", D, 0, M, 0),
     ("pending", D, K, C, 1),
     ("alloc", E, K, C, 2),
-    ("record_use", E, K, O, 2),
+    ("record_use", E, K, S, 2),
     ("free", E, K, C, 2),
     ("reusable", E, K, C, 2),
     ("reuse_wait", E, K, C, 2),
@@ -46,7 +46,7 @@ _STEPS = [
     ("reusable", F, K, C, 3),
     ("finding", F, 0, C, 0),
     ("finding", UNKNOWN, 0, C, 0),
-    ("record_stream", B, K, O, 1),
+    ("record_stream", B, K, S, 1),
 ]
 
 
@@ -74,7 +74,7 @@ def snapshot() -> dict:
             "address": SEG, "size": MIB2, "device": 0, "stream": C, "pool": "small",
             "blocks": [
                 _block(F, K, "cached", 3),
-                _block(B, K, "live", 1, recorded=(M, O), requested=K - 100),
+                _block(B, K, "live", 1, recorded=(M, S), requested=K - 100),
                 _block(D, K, "pending", 1, held=[{"stream": M, "must_fire": True}]),
                 _block(SEG + 3 * K, MIB2 - 3 * K, "cached", 0),
             ],

@@ -214,7 +214,8 @@ def _describe_findings(blocks: list, loose: list, shim_findings: list) -> None:
             pending.remove(match)
             mark.text = finding_text(match)
     for finding in pending:
-        loose.append(Mark(None, "finding", finding.get("stream") or 0, finding.get("address") or 0, finding_text(finding)))
+        stream, address = finding.get("stream") or 0, finding.get("address") or 0
+        loose.append(Mark(None, "finding", stream, address, finding_text(finding)))
 
 
 def finding_text(finding: dict) -> str:

@@ -222,7 +222,8 @@ def replay_problems(data: dict) -> list:
         for i in range(len(trace) - 1, -1, -1):
             outside = [a for a in blocks if not any(s <= a < s + n for s, n in segments.items())]
             if outside:
-                problems.append(f"device {device}, after event {i}: block(s) {', '.join(map(hex, outside))} in no segment")
+                where = ", ".join(map(hex, outside))
+                problems.append(f"device {device}, after event {i}: block(s) {where} in no segment")
             e = trace[i]
             action = e["action"]
             if action in ("free_completed", "free"):

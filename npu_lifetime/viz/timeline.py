@@ -93,7 +93,8 @@ def _place_sanitizer_findings(lives: Lives, findings: tuple) -> list:
     """(life or None, finding): each on the latest block life at its address."""
     placed = []
     for f in findings:
-        at = [life for life in lives.blocks if f.address is not None and life.device == f.device and life.ptr == f.address]
+        at = [life for life in lives.blocks
+              if f.address is not None and (life.device, life.ptr) == (f.device, f.address)]
         placed.append((at[-1] if at else None, f))
     return placed
 
@@ -183,7 +184,7 @@ class _Canvas:
     def _axis(self) -> None:
         steps = self.lives.end - self.start
         every = max(1, round(steps / 12)) if steps else 1
-        self.out.append(f'<text x="4" y="14" class="axis">trace order &#8594;</text>')
+        self.out.append('<text x="4" y="14" class="axis">trace order &#8594;</text>')
         for i in range(self.start, self.lives.end, every):
             x = self.x(i)
             self.out.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{self.height - 6}" class="grid"/>')
@@ -226,18 +227,21 @@ class _Canvas:
         if life.free is not None:
             self.out.append(f'<line x1="{x1:.1f}" y1="{y - 1}" x2="{x1:.1f}" y2="{y + h + 1}" class="free"/>')
         else:  # live at the end: an open end
-            self.out.append(f'<path d="M{x1:.1f},{y - 1} l7,{h / 2 + 1} l-7,{h / 2 + 1} z" fill="{colour}" class="life"/>')
+            self.out.append(f'<path d="M{x1:.1f},{y - 1} l7,{h / 2 + 1} l-7,{h / 2 + 1} z" fill="{colour}" '
+                            'class="life"/>')
         self.out.append("</g>")
         if held is not None:
             xh = self.x(held)
             state = "became reusable " + self.when(held) if life.reusable is not None else "still waiting at the end"
-            self.out.append(f'<g><title>{_e(f"{life.name}: freed {self.when(life.free)}, waiting on events of {waited}; {state}")}'
+            tip = f"{life.name}: freed {self.when(life.free)}, waiting on events of {waited}; {state}"
+            self.out.append(f'<g><title>{_e(tip)}'
                             f'</title><rect x="{x1:.1f}" y="{y}" width="{max(xh - x1, 2):.1f}" height="{h}" '
                             f'class="held"/></g>')
         if life.reusable is not None:
             xr = self.x(life.reusable)
             self.out.append(f'<g><title>{_e(f"{life.name}: reusable {self.when(life.reusable)}")}</title>'
-                            f'<path d="M{xr:.1f},{y - 2} l4,-5 h-8 z M{xr:.1f},{y - 2} v{h + 4}" class="reusable"/></g>')
+                            f'<path d="M{xr:.1f},{y - 2} l4,-5 h-8 z M{xr:.1f},{y - 2} v{h + 4}" '
+                            'class="reusable"/></g>')
         for mark in life.marks:
             if mark.index is not None and mark.index >= self.start:
                 self._life_mark(life, mark, y + h / 2)
@@ -314,7 +318,7 @@ def _blocks_table(lives: Lives) -> str:
     rows = []
     for life in lives.blocks:
         held = life.held_until(lives.end)
-        wait = "" if held is None or life.free is None else f"{(lives.t_ns(held) - lives.t_ns(life.free)) / 1000:.1f} us"
+        wait = "" if held is None else f"{(lives.t_ns(held) - lives.t_ns(life.free)) / 1000:.1f} us"
         if held is not None and life.reusable is None:
             wait += " (still waiting)"
         streams = ", ".join(f"{stream_name(s)} ({'/'.join(k)})" for s, k in life.waited_streams())
@@ -372,7 +376,8 @@ h1{{font-size:18px;margin:0 0 4px}} h2{{font-size:15px;margin:18px 0 6px}}
 .picture{{overflow-x:auto;border:1px solid #ccc}}
 .legend{{list-style:none;padding:0;columns:2;margin:6px 0}} .legend li{{margin:2px 0}}
 .legend svg{{vertical-align:middle}}
-table.data{{border-collapse:collapse}} table.data td,table.data th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
+table.data{{border-collapse:collapse}}
+table.data td,table.data th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
 table.data th{{background:#f0f0f0}} .bad{{color:#b00}} pre{{margin:0;white-space:pre-wrap}}
 </style></head><body>
 <h1>{title}</h1>
