@@ -136,3 +136,38 @@ def test_json_output(tmp_path, capsys, sim_shim):
     data = json.loads(capsys.readouterr().out)
     assert data["stats"]["allocation.all.current"] == 1 and data["snapshot"]["runtime"] == "sim"
     assert data["trace"][-1]["kind"] == "alloc" and data["trace"][-1]["size"] == 512
+
+
+@needs_trace
+def test_frames_leave_out_the_launcher_and_the_standard_library(sim_shim):
+    import os
+    import sysconfig
+
+    rec = run_demo(capacity=1 << 16).recording
+    assert rec.frames and all(frames[0]["filename"].endswith(os.path.join("viz", "demo.py"))
+                              for frames in rec.frames.values())
+    files = {f["filename"] for frames in rec.frames.values() for f in frames}
+    paths = sysconfig.get_paths()
+    assert not any(f.startswith((paths["scripts"], paths["stdlib"] + os.sep)) for f in files)
+
+
+@needs_trace
+def test_frames_from_the_console_script_leave_out_its_launcher(tmp_path):
+    """Failed before: the pickle's frames ended with bin/npu-lifetime:8:<module>."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    launcher = Path(sys.executable).parent / "npu-lifetime"
+    if not launcher.exists():
+        pytest.skip("the npu-lifetime console script is not installed beside this python")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run([str(launcher), "snapshot", "--demo", "--out", str(tmp_path / "d")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "d.pickle", "rb") as f:
+        data = pickle.load(f)
+    files = {fr["filename"] for e in data["device_traces"][0] for fr in e["frames"]}
+    assert any(f.endswith("demo.py") for f in files)
+    assert not any(f == str(launcher) for f in files)

@@ -107,10 +107,12 @@ def _dropped() -> int:
 
 def user_frames(site) -> list:
     """The site's frames in the viewer's form, innermost first, without
-    this package's (except the demo's), torch's and the standard library's."""
+    this package's (except the demo's), torch's, the standard library's and
+    the console-script launchers' (``bin/npu-lifetime``)."""
     if site is None:
         return []
-    hidden = [_PACKAGE_DIR, sysconfig.get_paths()["stdlib"]]
+    paths = sysconfig.get_paths()
+    hidden = [_PACKAGE_DIR, paths["stdlib"], paths["scripts"], os.path.join(sys.prefix, "bin")]
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         hidden.append(os.path.dirname(os.path.abspath(torch.__file__)))
