@@ -62,6 +62,7 @@ def main() -> None:
         runs.append(_workload(model, args.streams, args.rounds))
         assert not model.findings, model.findings[:3]
     print(f"lifetime model, {args.streams} streams, {args.rounds} rounds x {args.repeats} repeats")
+    print("columns: microseconds spent in the model per event of that kind, median / min / max over the repeats")
     print(f"{'event':<12} {'median us':>10} {'min us':>8} {'max us':>8}")
     for kind in runs[0]:
         values = [run[kind] for run in runs]

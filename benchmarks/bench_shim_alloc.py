@@ -159,7 +159,8 @@ def main() -> None:
               f"shim via a Python aten override (before) {rs['shim_python_override']:.3f}")
     elif not args.skip_torch:
         print("torch.empty + del: skipped (no CUDA GPU)")
-    print("npl_alloc + npl_free pair from C (median of 9 x 1e6 pairs)")
+    print("npl_alloc + npl_free pair from C (median of 9 x 1e6 pairs): nanoseconds per pair, per runtime "
+          "(sim = host memory; cuda only where a GPU is present)")
     runtimes = ("sim", "cuda") if not args.skip_torch and torch.cuda.is_available() else ("sim",)
     for runtime in runtimes:
         for size in (4096, 1 << 20):

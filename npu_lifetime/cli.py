@@ -45,30 +45,59 @@ def _check(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+SNAPSHOT_LEGEND = (
+    "state: live = held by a tensor; pending = freed, reusable once events on other streams fire; deferred = "
+    "freed during a graph capture; quarantined = freed and poisoned (debug); cached = free for reuse (waiting: "
+    "it still carries use events, a reuse waits on them GPU-side). recorded = record_stream streams; use events "
+    "= streams with a live record_use (or noted-use) event; holding = events a freed block still carries."
+)
+
+
 def _snapshot(args: argparse.Namespace) -> int:
     import json
-    import runpy
 
-    from . import shim
-    from .sanitizer.runner import resolve_device
+    from .sanitizer.runner import EXIT_CLEAN, EXIT_SCRIPT_FAILED, EXIT_USAGE, resolve_device
+    from .viz.snapshot import SnapshotError, run_demo, run_script, write_pictures
 
-    device = resolve_device(args.device)
-    if device == "sim":
-        shim.select_runtime("sim")
-    else:
-        from .shim.install import install
-
-        install(device)
-    sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
-    snap, stats = shim.snapshot(), shim.stats()
+    if args.demo == bool(args.script):
+        print("npu-lifetime snapshot: give a script to run, or --demo (not both)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.demo:
+            outcome = run_demo(args.trace_capacity)
+        else:
+            outcome = run_script(args.script, args.args, resolve_device(args.device), args.policy, args.sanitize,
+                                 args.trace_capacity)
+    except SnapshotError as err:
+        print(f"npu-lifetime snapshot: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    rec = outcome.recording
+    prefix = args.out or _default_prefix(args.script)
+    if not args.no_files:
+        write_pictures(outcome, prefix, args.max_events)
     if args.json:
-        print(json.dumps({"stats": stats, "snapshot": snap}, indent=2))
-        return 0
-    print(f"runtime {snap['runtime']}, policy {snap['policy']}")
-    print(f"live {stats['allocation.all.current']} blocks / {stats['allocated_bytes.all.current']} B, "
-          f"pending {stats['pending.all.current']} / {stats['pending_bytes.all.current']} B, "
-          f"reserved {stats['reserved_bytes.all.current']} B (peak {stats['reserved_bytes.all.peak']} B)")
+        print(json.dumps({"stats": rec.stats, "snapshot": rec.snapshot, "trace": rec.events,
+                          "shim_findings": rec.shim_findings, "notes": rec.notes}, indent=2))
+    else:
+        _print_snapshot(rec, outcome)
+    return EXIT_SCRIPT_FAILED if outcome.script_failed else EXIT_CLEAN
+
+
+def _default_prefix(script: Optional[str]) -> str:
+    """Beside the script (``train.py`` -> ``train.snapshot``), or in the
+    current directory for the demo."""
+    if not script:
+        return "npu_lifetime_demo.snapshot"
+    return os.path.splitext(script)[0] + ".snapshot"
+
+
+def _print_snapshot(rec, outcome) -> None:
+    from .viz.snapshot import stats_line
+
+    snap, stats = rec.snapshot, rec.stats
+    print(f"{rec.source}: runtime {snap['runtime']}, policy {snap['policy']}")
+    print(stats_line(stats))
+    print(SNAPSHOT_LEGEND)
     for seg in snap["segments"]:
         print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} ({seg['pool']})")
         for b in seg["blocks"]:
@@ -78,9 +107,17 @@ def _snapshot(args: argparse.Namespace) -> int:
             if b["use_events"]:
                 extra += " use events " + ",".join(f"{e['stream']:#x}" for e in b["use_events"])
             if b["held_events"]:
-                extra += f" waiting on {len(b['held_events'])} event(s)"
+                extra += " holding events of " + ",".join(f"{e['stream']:#x}" for e in b["held_events"])
             print(f"  {b['address']:#x} {b['size']:>10} B {b['state']:<8}{extra}")
-    return 0
+    for finding in rec.shim_findings:
+        detail = f": {finding['detail']}" if finding.get("detail") else ""
+        print(f"shim finding: {finding.get('kind')} ({finding.get('op')}) at {finding.get('address') or 0:#x}{detail}")
+    for note in rec.notes:
+        print(f"note: {note}")
+    if outcome.pickle_path:
+        print(f"wrote {outcome.pickle_path}: drop it on https://pytorch.org/memory_viz (each block's streams and "
+              "events are in its stack frames; record_use etc. are in the event list)")
+        print(f"wrote {outcome.html_path}: the timeline, one lane per stream (open it in a browser)")
 
 
 def _handoff(args: argparse.Namespace) -> int:
@@ -108,18 +145,40 @@ def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     scripts = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = scripts / f"bench_{args.name}.py"
-    if not script.exists():
-        names = sorted(p.stem[len("bench_"):] for p in scripts.glob("bench_*.py"))
-        print(f"npu-lifetime: no benchmark {args.name!r}; available: {', '.join(names) or 'none (not a repo checkout)'}",
-              file=sys.stderr)
-        return 2
-    sys.argv = [str(script), *args.args]
-    runpy.run_path(str(script), run_name="__main__")
+    available = {p.stem[len("bench_"):]: p for p in sorted(scripts.glob("bench_*.py"))}
+    if args.name is None or args.name not in available:
+        if args.name is not None:
+            print(f"npu-lifetime: no benchmark {args.name!r}", file=sys.stderr)
+        if not available:
+            print("npu-lifetime: no benchmarks/ here (they ship with a repository checkout, not a wheel)",
+                  file=sys.stderr)
+            return 2
+        out = sys.stdout if args.name is None else sys.stderr
+        print("benchmarks (npu-lifetime bench NAME [--help]):", file=out)
+        for name, path in available.items():
+            print(f"  {name:<12} {_summary(path)}", file=out)
+        return 0 if args.name is None else 2
+    sys.argv = [str(available[args.name]), *args.args]
+    try:
+        runpy.run_path(str(available[args.name]), run_name="__main__")
+    except SystemExit as exit_:  # argparse errors and the script's own exits
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     return 0
 
 
+def _summary(path) -> str:
+    """The first sentence of a script's docstring."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    sentence = paragraph.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= 90 else sentence[:87].rsplit(" ", 1)[0] + " ..."
+
+
 def _parser() -> argparse.ArgumentParser:
+    from .shim.api import POLICIES
+
     parser = argparse.ArgumentParser(
         prog="npu-lifetime",
         description="Cross-stream lifetime checking for PyTorch (CUDA, Ascend NPU, simulated).",
@@ -149,10 +208,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_check)
 
-    p = sub.add_parser("snapshot", help="run a script with the shim and show its blocks at the end")
+    p = sub.add_parser(
+        "snapshot", help="run a script with the shim recording; write a memory-viewer pickle and an HTML timeline",
+        description="Runs SCRIPT with the allocator shim recording its trace, prints the blocks at the end, and "
+                    "writes PREFIX.pickle (PyTorch's memory viewer format) and PREFIX.html (a timeline of block "
+                    "lives per stream). Exit 0, 2 on bad input, 3 if the script failed (the pictures are still "
+                    "written).")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("script")
+    p.add_argument("--policy", default="poll", choices=sorted(POLICIES))
+    p.add_argument("--demo", action="store_true", help="run a built-in hand-off on the simulated runtime instead")
+    p.add_argument("--sanitize", action="store_true", help="also run the lifetime sanitizer; its findings are drawn")
+    p.add_argument("--out", metavar="PREFIX", help="where to write (default: beside the script, SCRIPT.snapshot.*)")
+    p.add_argument("--no-files", action="store_true", help="print only; write no pickle or HTML")
+    p.add_argument("--trace-capacity", type=int, default=1 << 20, help="events the shim keeps (default 1048576)")
+    p.add_argument("--max-events", type=int, default=4000, help="trace events drawn in the timeline (the latest)")
+    p.add_argument("--json", action="store_true", help="print the state and trace as JSON instead of text")
+    p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_snapshot)
 
@@ -162,8 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=64)
     p.set_defaults(run=_handoff)
 
-    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (model, shim_alloc, ...)")
-    p.add_argument("name")
+    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (no NAME: list them)")
+    p.add_argument("name", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_bench)
     return parser
@@ -173,7 +244,7 @@ def main(argv: Optional[list] = None) -> int:
     # a CPU torch without numpy says so at import; it is not ours to report
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     args = _parser().parse_args(argv)
-    for name in ("schedules", "jobs", "max_steps", "max_streams"):
+    for name in ("schedules", "jobs", "max_steps", "max_streams", "trace_capacity", "max_events"):
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2

@@ -123,11 +123,20 @@ def get_per_process_memory_fraction(device=None) -> float:
     return api.memory_fraction(_device_index(device))
 
 
-def memory_snapshot(include_traces: bool = False) -> list:
-    """The shim's segments in the format of ``torch.cuda.memory_snapshot()``."""
-    from .viz import torch_snapshot
+def memory_snapshot() -> list:
+    """The shim's segments in the format of ``torch.cuda.memory_snapshot()``
+    (each block's recorded streams and pending use events as frames)."""
+    return snapshot()["segments"]
 
-    return torch_snapshot.from_shim(api.snapshot(), trace=api.trace() if include_traces else None)["segments"]
+
+def snapshot() -> dict:
+    """The shim's state as ``torch.cuda.memory._snapshot()``: segments, and
+    device_traces from the allocator trace when it is on (``shim.set_trace``;
+    reading it drains it)."""
+    from .viz import lives, memory_viz
+
+    events = api.trace()
+    return memory_viz.build(api.snapshot(), lives.build(events) if events else None)
 
 
 __all__ = [

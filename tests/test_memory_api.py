@@ -64,3 +64,13 @@ def test_every_statistic_is_explained(sim_shim):
     meanings = shim.stat_meanings()
     roots = {name.split(".")[0] for name in shim.stat_names()}
     assert roots == set(meanings) and all(meanings.values())
+
+
+def test_memory_snapshot_is_torchs_format(sim_shim):
+    a = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_use(a, S2)
+    [seg] = memory.memory_snapshot()
+    assert {"address", "total_size", "stream", "segment_type", "blocks"} <= set(seg)
+    [block] = [b for b in seg["blocks"] if b["address"] == a]
+    assert block["state"] == "active_allocated"
+    assert any("record_use" in f["name"] or str(S2) in f["name"] or hex(S2) in f["name"] for f in block["frames"])

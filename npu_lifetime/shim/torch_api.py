@@ -49,9 +49,7 @@ def get_memory_fraction(device: int) -> float:
 
 
 def memory_snapshot(*_args, **_kwargs) -> dict:
-    from ..viz import torch_snapshot
-
-    return torch_snapshot.from_shim(api.snapshot(), trace=None)
+    return memory.snapshot()
 
 
 def check_pool_live_allocations(device: int, pool: tuple, expected) -> bool:

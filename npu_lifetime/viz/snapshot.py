@@ -1,0 +1,158 @@
+"""``npu-lifetime snapshot``: run a script (or the built-in demo) with the
+shim recording, then write the memory-viewer pickle and the HTML timeline."""
+from __future__ import annotations
+
+import gc
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Optional
+
+from . import lives as lives_mod
+from . import memory_viz, timeline
+from .recorder import Recorder, Recording
+
+SIM_SCRIPT_NOTE = (
+    "On the simulated device (no CUDA or NPU here) a script's tensors are CPU tensors, which the shim does not "
+    "allocate: only direct npu_lifetime.shim calls appear. Run `npu-lifetime snapshot --demo` for a built-in "
+    "hand-off on simulated streams, or run the script on a CUDA or NPU machine."
+)
+
+
+class SnapshotError(RuntimeError):
+    """Bad input to the snapshot command (exit 2)."""
+
+
+@dataclass
+class Outcome:
+    recording: Recording
+    script_failed: bool
+    pickle_path: Optional[str] = None
+    html_path: Optional[str] = None
+
+
+def run_demo(capacity: int) -> Outcome:
+    from ..shim import api
+    from . import demo
+
+    api.select_runtime("sim")
+    api.reset()  # a fresh process: nothing of ours is allocated yet
+    recorder = Recorder(capacity).start()
+    demo.run()
+    recording = recorder.stop("the built-in hand-off demo (npu_lifetime/viz/demo.py) on the simulated runtime")
+    recording.stream_names = dict(demo.STREAM_NAMES)
+    return Outcome(recording, script_failed=False)
+
+
+def run_script(script: str, args: list, device: str, policy: str, sanitize: bool, capacity: int) -> Outcome:
+    """``device`` is resolved (cuda, npu or sim); a device the machine lacks
+    is a SnapshotError, never a silent run on another."""
+    if not os.path.isfile(script):
+        raise SnapshotError(f"no such script: {script}")
+    _prepare_device(device, policy)
+    sanitizer = None
+    if sanitize:
+        from ..sanitizer import LifetimeSanitizer
+
+        sanitizer = LifetimeSanitizer(device, on_race="collect", warn_on_free=False)
+    recorder = Recorder(capacity).start()
+    failed = _run_path(script, args, sanitizer)
+    recording = recorder.stop(f"{script} on {device}")
+    if sanitizer is not None:
+        recording.sanitizer_findings = _sanitizer_findings(sanitizer)
+    if device == "sim" and recording.block_count == 0:
+        recording.notes.append(SIM_SCRIPT_NOTE)
+    return Outcome(recording, failed)
+
+
+def _prepare_device(device: str, policy: str) -> None:
+    from ..shim import api
+
+    if device == "sim":
+        api.select_runtime("sim")
+        api.set_policy(policy)
+        return
+    from ..shim.install import InstallError, install
+
+    try:
+        install(device, policy)
+    except InstallError as err:
+        raise SnapshotError(f"--device {device}: {err}") from err
+
+
+def _run_path(script: str, args: list, sanitizer) -> bool:
+    """Runs the script as __main__; True if it raised or exited non-zero
+    (its traceback is printed; what it recorded is still drawn)."""
+    saved = sys.argv
+    sys.argv = [script, *args]
+    if sanitizer is not None:
+        sanitizer.enable()
+    try:
+        namespace = runpy.run_path(script, run_name="__main__")
+        del namespace
+        return False
+    except SystemExit as exit_:
+        return exit_.code not in (None, 0)
+    except BaseException:  # the script's own error
+        traceback.print_exc()
+        return True
+    finally:
+        sys.argv = saved
+        gc.collect()
+        if sanitizer is not None:
+            sanitizer.disable()
+
+
+def _sanitizer_findings(sanitizer) -> list:
+    out = []
+    for f in sanitizer.flush():
+        stream = getattr(f, "usage_stream", None) or getattr(getattr(f, "access", None), "stream", None)
+        device, handle = stream if isinstance(stream, tuple) else (0, None)
+        out.append(timeline.SanitizerFinding(sanitizer.report([f]), getattr(f, "address", None), device, handle))
+    return out
+
+
+def write_pictures(outcome: Outcome, prefix: str, max_events: int) -> None:
+    """``prefix``.pickle (PyTorch's memory viewer) and ``prefix``.html."""
+    rec = outcome.recording
+    lives = lives_mod.build(rec.events, rec.shim_findings) if rec.events is not None else None
+    data = memory_viz.build(rec.snapshot, lives, rec.frames, source=rec.source)
+    problems = memory_viz.replay_problems(data)
+    if problems:  # a trace that does not lead to the final state would break the viewer: keep the state only
+        data["device_traces"] = [[] for _ in data["device_traces"]]
+        rec.notes.append(f"The trace does not replay onto the final state ({problems[0]}); the pickle holds the "
+                         "final state only.")
+    outcome.pickle_path, outcome.html_path = f"{prefix}.pickle", f"{prefix}.html"
+    memory_viz.write(outcome.pickle_path, data)
+    page = timeline.Page(source=rec.source, facts=_facts(rec), notice=" ".join(rec.notes),
+                         stream_names=rec.stream_names)
+    empty = lives_mod.build([], rec.shim_findings)
+    html = timeline.render(lives if lives is not None else empty, page, tuple(rec.sanitizer_findings), max_events)
+    with open(outcome.html_path, "w", encoding="utf-8") as f:
+        f.write(html)
+
+
+def stats_line(stats: dict) -> str:
+    """The shim's state at the end in one line (torch-style stat keys)."""
+    def cur(name: str) -> int:
+        return stats.get(f"{name}.all.current", 0)
+
+    line = (f"live {cur('allocation')} blocks / {cur('allocated_bytes')} B, pending {cur('pending')} / "
+            f"{cur('pending_bytes')} B, waiting {cur('waiting')} / {cur('waiting_bytes')} B")
+    if cur("quarantined"):
+        line += f", quarantined {cur('quarantined')} / {cur('quarantined_bytes')} B"
+    return line + f", reserved {cur('reserved_bytes')} B (peak {stats.get('reserved_bytes.all.peak', 0)} B)"
+
+
+def _facts(rec: Recording) -> list:
+    s = rec.stats
+    return [
+        ("runtime, policy", f"{rec.snapshot['runtime']}, {rec.snapshot['policy']}"
+                            + (", debug (poison + quarantine)" if rec.snapshot.get("debug") else "")),
+        ("trace", "not available" if rec.events is None else f"{len(rec.events)} events, {rec.dropped} dropped"),
+        ("at the end", stats_line(s)),
+        ("peak active", f"{s.get('active_bytes.all.peak', 0)} B (live + freed blocks waiting on events)"),
+        ("findings", f"shim {len(rec.shim_findings)}, sanitizer {len(rec.sanitizer_findings)}"),
+    ]
