@@ -139,3 +139,17 @@ def test_no_event_is_queried_while_a_capture_is_underway(acl_shim):
     shim.end_allocate_to_pool(0, POOL)
     shim.process_events()
     assert acl_shim.fake_acl_calls(b"aclrtQueryEventStatus") > queries
+
+
+def test_claim_takes_exactly_the_cached_memory_asked_for(sim_shim):
+    # how a cudagraph-tree pool checkpoint is restored through torch
+    a = sim_shim.alloc(4096, 0, S1)
+    b = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(a, 4096, 0, S1)
+    sim_shim.free(b, 4096, 0, S1)  # a and b merge into one free block
+    sim_shim.claim_next(b)
+    assert sim_shim.alloc(4096, 0, S1) == b
+    assert sim_shim.alloc(4096, 0, S1) == a  # the front stayed cached
+    sim_shim.claim_next(b)  # b is live: nothing to claim
+    assert sim_shim.alloc(4096, 0, S1) == 0
+    assert [f["kind"] for f in sim_shim.findings()] == ["invalid_argument"]

@@ -69,6 +69,9 @@ void* npl_base_allocation(void* ptr, size_t* size); /* the segment holding ptr, 
 void npl_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void* stream);
 void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
 void npl_release_pool(int device, uint64_t id0, uint64_t id1);
+/* The calling thread's next npl_alloc takes the cached memory at `ptr` (or
+ * fails with a finding): how a pool checkpoint is restored through torch. */
+void npl_claim_next(void* ptr);
 /* Writes up to `capacity` live block addresses of the pool; returns how many there are. */
 size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_t* out, size_t capacity);
 

@@ -5,6 +5,8 @@
 
 namespace npl {
 
+thread_local char* CachingAllocator::claim_ = nullptr;
+
 void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
     std::lock_guard<std::mutex> lock(mu_);
     graph_pools_.begin(device, id, std::move(filter));

@@ -224,6 +224,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
     ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
+    if (claim_ != nullptr) return claim(rounded, static_cast<size_t>(size));
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};
     if (!capture) {
@@ -241,6 +242,53 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     }
     split(b, rounded);
     mark_live(b, static_cast<size_t>(size));
+    return b->ptr;
+}
+
+// The next allocation of this thread takes the cached memory at `ptr`
+// (cudagraph trees restoring a pool checkpoint re-allocate the blocks its
+// graphs' outputs occupied, through torch, so torch knows them again).
+void CachingAllocator::claim_next(void* ptr) { claim_ = static_cast<char*>(ptr); }
+
+void* CachingAllocator::claim(size_t rounded, size_t requested) {
+    char* ptr = claim_;
+    claim_ = nullptr;
+    Block* b = nullptr;
+    auto it = segments_.upper_bound(ptr);
+    if (it != segments_.begin()) {
+        for (Block* c = std::prev(it)->second->first; c != nullptr; c = c->next) {
+            if (ptr >= c->ptr && ptr < c->ptr + c->size) b = c;
+        }
+    }
+    if (b == nullptr || b->state != BlockState::cached || !b->held.empty() || ptr + rounded > b->ptr + b->size) {
+        Finding f;
+        f.kind = "invalid_argument";
+        f.op = "claim";
+        f.address = ptr;
+        f.size = static_cast<int64_t>(requested);
+        f.detail = "the memory to claim is not free, or not all free";
+        report(std::move(f));
+        return nullptr;
+    }
+    pool_erase(b);
+    if (b->ptr < ptr) {  // keep the front cached: split it off
+        Block* front = new_block();
+        *front = *b;
+        front->uses.clear();
+        front->held.clear();
+        front->last_streams.clear();
+        front->size = static_cast<size_t>(ptr - b->ptr);
+        front->next = b;
+        if (b->prev != nullptr) b->prev->next = front;
+        if (b->segment->first == b) b->segment->first = front;
+        b->prev = front;
+        b->ptr = ptr;
+        b->size -= front->size;
+        front->state = BlockState::cached;
+        pool_insert(front);
+    }
+    split(b, rounded);
+    mark_live(b, requested);
     return b->ptr;
 }
 

@@ -66,6 +66,9 @@ class CachingAllocator {
     void release_pool(int device, PoolId id);
     std::vector<void*> pool_live_allocations(int device, PoolId id) const;
 
+    // The calling thread's next allocation takes the cached memory at `ptr`.
+    void claim_next(void* ptr);
+
     void process_events();
     void empty_cache();
     void stats(int device, uint64_t* out) const;
@@ -103,6 +106,7 @@ class CachingAllocator {
     Status device_malloc(void** ptr, size_t bytes, int device, int* code);
     void split(Block* b, size_t size);
     void mark_live(Block* b, size_t requested);
+    void* claim(size_t rounded, size_t requested);
 
     // free
     bool stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b);
@@ -167,6 +171,7 @@ class CachingAllocator {
     std::vector<DeviceStats> stats_;
     std::vector<double> fractions_;  // per device; 0: no limit
     uint64_t event_seq_ = 0;
+    static thread_local char* claim_;
     int device_count_ = 0;
 };
 

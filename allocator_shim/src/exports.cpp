@@ -200,6 +200,10 @@ NPL_EXPORT size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t i
     });
 }
 
+NPL_EXPORT void npl_claim_next(void* ptr) {
+    guarded_void("claim_next", [&] { shim().allocator.claim_next(ptr); });
+}
+
 NPL_EXPORT size_t npl_stats_count(void) { return npl::stat_names().size(); }
 
 NPL_EXPORT char* npl_stats_names_json(void) {

@@ -152,6 +152,12 @@ def pool_live_allocations(device: int, pool: PoolId) -> list:
     return list(out[:n])
 
 
+def claim_next(ptr: int) -> None:
+    """This thread's next allocation takes the cached memory at ``ptr``
+    (restoring a graph pool checkpoint through torch's allocator)."""
+    library().npl_claim_next(ptr)
+
+
 # -- statistics, snapshot, findings, trace ------------------------------------------
 @lru_cache(maxsize=None)
 def stat_names() -> tuple:

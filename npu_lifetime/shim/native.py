@@ -37,6 +37,7 @@ _PROTOTYPES = {
     "npl_end_allocate_to_pool": (None, [_I, _U64, _U64]),
     "npl_release_pool": (None, [_I, _U64, _U64]),
     "npl_pool_live_allocations": (_Z, [_I, _U64, _U64, _U64P, _Z]),
+    "npl_claim_next": (None, [_P]),
     "npl_stats_count": (_Z, []),
     "npl_stats_names_json": (_P, []),
     "npl_stats_meanings_json": (_P, []),

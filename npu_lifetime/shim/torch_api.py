@@ -6,12 +6,20 @@ support ..." for its memory statistics, snapshot, memory fraction query,
 and for the pool checks cudagraph trees (``torch.compile(mode=
 "reduce-overhead")``) make.  ``install("cuda")`` replaces these
 ``torch._C`` functions (looked up by torch at each call) with the versions
-below; each keeps torch's signature and meaning.  Pool checkpoints: a
-checkpoint records a pool's live blocks; restoring one is possible only when
-the pool is already in that state (cudagraph trees restore a checkpoint when
-a new recording follows graphs that executed with live outputs; that needs
-storage deleters rewired inside torch, which no allocator hook can do): any
-other restore raises with what to do.
+below; each keeps torch's signature and meaning.
+
+Pool checkpoints.  cudagraph trees checkpoint a pool after each recording
+and restore it when a new recording or warm-up follows graphs that
+executed: the outputs of executed graphs are storages that do not own their
+memory, so the allocator must hold their blocks again.  A checkpoint here
+is the pool's live blocks (address, size, stream).  Restoring re-allocates,
+through torch's own allocator entry (so torch can free them again), each
+block live at the checkpoint and free now; the trees then free the ones
+whose outputs died.  torch's native restore also rewires the deleters of
+storages still alive so they free their blocks; no allocator hook can do
+that, so a restore that would need it (a checkpointed block whose output
+storage is still alive, or a block live now that was not then) raises with
+what to do instead.
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ class PoolCheckpoint:
 
     device: int
     pool: tuple
-    live: frozenset
+    live: dict  # address -> (requested size, stream)
 
 
 def memory_stats(device: int) -> dict:
@@ -57,23 +65,38 @@ def check_pool_live_allocations(device: int, pool: tuple, expected) -> bool:
     return set(api.pool_live_allocations(device, tuple(pool))) == set(expected)
 
 
+def _pool_blocks(device: int, pool: tuple) -> dict:
+    return {
+        b["address"]: (b["requested"], b["alloc_stream"])
+        for seg in api.snapshot()["segments"]
+        if seg["device"] == device and tuple(seg["graph_pool"]) == pool
+        for b in seg["blocks"] if b["state"] == "live"
+    }
+
+
 def get_checkpoint_state(device: int, pool: tuple) -> PoolCheckpoint:
     pool = tuple(pool)
-    return PoolCheckpoint(device, pool, frozenset(api.pool_live_allocations(device, pool)))
+    return PoolCheckpoint(device, pool, _pool_blocks(device, pool))
 
 
 def set_checkpoint_pool_state(device: int, state: PoolCheckpoint, stale_storages, live_storages):
-    now = frozenset(api.pool_live_allocations(device, state.pool))
-    if now == state.live:
-        return None  # already in the checkpointed state
-    raise RuntimeError(
-        "npu_lifetime shim: cudagraph trees asked to restore a graph pool to an earlier state "
-        f"({len(now)} live blocks now, {len(state.live)} at the checkpoint). Restoring needs torch to rewire "
-        "tensor storages, which a pluggable allocator cannot do. This happens when a new CUDA graph is "
-        "recorded while outputs of executed graphs are alive (graph breaks, chained compiled functions, "
-        "re-recording). Use torch.compile(mode='reduce-overhead') with "
-        "torch._inductor.config.triton.cudagraph_trees = False under the shim, or install the shim without it."
-    )
+    now = set(api.pool_live_allocations(device, state.pool))
+    missing = set(state.live) - now  # freed since the checkpoint: held again
+    alive = {torch.UntypedStorage._new_with_weak_ptr(ref).data_ptr() for ref in live_storages}
+    if now - set(state.live) or stale_storages or missing & alive:
+        raise RuntimeError(
+            "npu_lifetime shim: cudagraph trees asked to restore a graph pool to a state that needs torch to "
+            f"rewire tensor storages ({len(now - set(state.live))} block(s) live now and not at the checkpoint, "
+            f"{len(missing & alive)} checkpointed block(s) held by live storages); a pluggable allocator cannot "
+            "do that. Use torch.compile(mode='reduce-overhead') with "
+            "torch._inductor.config.triton.cudagraph_trees = False under the shim, or install the shim without it."
+        )
+    for ptr in sorted(missing):
+        size, stream = state.live[ptr]
+        api.claim_next(ptr)
+        got = torch._C._cuda_cudaCachingAllocator_raw_alloc(size, stream)
+        if got != ptr:
+            raise RuntimeError(f"npu_lifetime shim: could not hold graph pool block {ptr:#x} again ({api.findings()})")
 
 
 _ROUTES = {
