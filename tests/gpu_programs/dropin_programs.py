@@ -238,7 +238,12 @@ def debug_missing_handoff(debug):
     debug mode the reader sees NaN every time (the poison), not x's data."""
     npu_lifetime.install("cuda", debug=(debug == "debug"))
     side = torch.cuda.Stream()
-    torch.cuda._sleep(1)
+    warm = torch.ones(1 << 20, device="cuda")  # load every kernel first: a lazy module load synchronises
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1)
+        warm.sum()
+    torch.cuda.synchronize()
+    del warm
     seen = []
     for _ in range(5):
         x = torch.ones(1 << 20, device="cuda")
