@@ -186,11 +186,11 @@ class SegmentTable:
 
     def allocation_stream(self, ptr: int, device: int) -> Optional[int]:
         """The allocation stream of the block holding ``ptr``, or None when
-        unknown.  Trusted only while the allocator has neither allocated nor
-        freed a segment since the table was built."""
+        unknown.  The table is rebuilt whenever the allocator has allocated
+        or freed a segment since it was built, so a hit is current."""
         try:
             version = self.api.segment_version(device)
-            if version != self._version or self._find(ptr, device) is None:
+            if version != self._version:
                 self._rebuild(version)
             return self._find(ptr, device)
         except Exception:  # an allocator without snapshots or counters: record, never skip
@@ -274,11 +274,11 @@ class CudaAPI:
 
     @staticmethod
     def segments() -> list:
-        return torch.cuda.memory_snapshot()
+        return torch.cuda.memory_snapshot(include_traces=False)
 
     @staticmethod
     def segment_version(device: int) -> tuple:
-        stats = torch._C._cuda_memoryStats(device)
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
         return stats["num_device_alloc"], stats["num_device_free"]
 
 
