@@ -177,3 +177,12 @@ def test_fsdp2_table_formats_every_mode():
     assert len(lines) == 1 + len(MODES)
     assert "1.010" in lines[2] and "2.0" in lines[2] and "intact" in lines[2]
     assert all("CORRUPTED" in line and "uncovered_free x4" in line for line in lines[3:])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback of the benchmark")
+def test_bench_handoff_runs_on_the_simulated_device_without_cuda(sim_shim, capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["bench", "handoff", "--rounds", "1", "--steps", "1", "--layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA device: the simulated device" in out and "record_use/poll" in out and "recipe/poll" in out
