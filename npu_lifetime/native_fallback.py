@@ -81,7 +81,7 @@ class NativeFallback:
         handle = api.handle(stream)
         storage = tensor.untyped_storage()
         device = api.device_index(stream)
-        if self.segments.allocation_stream(storage.data_ptr(), device) == handle:
+        if self.segments.is_allocation_stream(storage.data_ptr(), device, handle):
             self.counts["on_allocation_stream"] += 1
             return
         _guard_resize(self)
@@ -184,17 +184,20 @@ class SegmentTable:
         self._version = None
         self.rebuilds = 0
 
-    def allocation_stream(self, ptr: int, device: int) -> Optional[int]:
-        """The allocation stream of the block holding ``ptr``, or None when
-        unknown.  The table is rebuilt whenever the allocator has allocated
-        or freed a segment since it was built, so a hit is current."""
+    def is_allocation_stream(self, ptr: int, device: int, stream: int) -> bool:
+        """Whether ``stream`` allocated the block holding ``ptr``.  A "no"
+        from the cached table costs a bisect (recording when it is stale is
+        only slower); a "yes" or a miss is checked against the allocator's
+        segment counters first, and the table rebuilt if they moved."""
         try:
+            if self._find(ptr, device) not in (None, stream):
+                return False
             version = self.api.segment_version(device)
             if version != self._version:
                 self._rebuild(version)
-            return self._find(ptr, device)
+            return self._find(ptr, device) == stream
         except Exception:  # an allocator without snapshots or counters: record, never skip
-            return None
+            return False
 
     def _find(self, ptr: int, device: int) -> Optional[int]:
         i = bisect.bisect_right(self._starts, ptr) - 1

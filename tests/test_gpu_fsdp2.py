@@ -105,19 +105,16 @@ def test_broken_migrations_are_caught_by_the_sanitizer(shim_run, mode):
 
 @pytest.mark.parametrize("mode", [BROKEN_NO_RECORD_USE, BROKEN_RECORD_USE_EARLY])
 def test_broken_migrations_corrupt_training_under_memory_pressure(shim_run, mode):
-    corrupted = []
-    for report in shim_run:
-        run = _phase(report, "pressure")[mode]
-        assert run["fills_reusing_the_dropped_buffer"] > 0, run  # a reuse really happened
-        corrupted.append(run["corrupted"])
-    assert any(corrupted), [r["pressure"][mode] for r in shim_run]
+    runs = [_phase(report, "pressure")[mode] for report in shim_run]
+    assert any(run["corrupted"] for run in runs), runs
 
 
 @pytest.mark.parametrize("mode", [RECIPE, RECORD_USE])
 def test_correct_hand_offs_survive_the_same_pressure(shim_run, mode):
     for report in shim_run:
         run = _phase(report, "pressure")[mode]
-        assert run["pressure_fills"] > 0 and not run["corrupted"], run
+        assert run["fills_reusing_the_dropped_buffer"] > 0, run  # the pressure really reused freed buffers
+        assert not run["corrupted"], run
 
 
 def test_hsdp_all_reduce_hand_off(shim_run):

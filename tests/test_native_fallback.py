@@ -249,3 +249,16 @@ def test_a_forked_child_starts_empty_and_never_deadlocks(api, fallback):
         pytest.fail("the forked child deadlocked on the fallback's lock")
     assert os.waitstatus_to_exitcode(status) == 0
     assert fallback.held() == 1  # the parent keeps its own
+
+
+def test_a_use_on_another_stream_costs_no_allocator_query(api, fallback):
+    owner, side = FakeStream(1), FakeStream(2)
+    x = torch.ones(64)
+    api.segment_list = [segment_of(x, owner)]
+    fallback.record(x, owner)  # builds the table
+    calls = []
+    version = api.segment_version
+    api.segment_version = lambda device: (calls.append(device), version(device))[1]
+    for _ in range(10):
+        fallback.record(x, side)
+    assert calls == []  # the cached table says "not the allocation stream": no stats call
