@@ -223,9 +223,10 @@ def classify(sanitizer, findings, handoffs) -> dict:
             continue
         try:
             freed_in = str(f.free_site) if getattr(f, "free_site", None) is not None else ""
+            op = getattr(getattr(f, "last_use", None), "op", None)
+            stream = sanitizer.describe(f.usage_stream) if hasattr(f, "usage_stream") else "?"
             label = (f"{f.kind}: gradient freed by zero_grad" if "_zero_grad" in freed_in else
-                     f"{f.kind}: {getattr(getattr(f, 'last_use', None), 'op', None)} on "
-                     f"{sanitizer.describe(f.usage_stream) if hasattr(f, 'usage_stream') else '?'}, freed at {freed_in}")
+                     f"{f.kind}: {op} on {stream}, freed at {freed_in}")
         except Exception as err:  # the sanitizer's findings changed shape: say so, keep going
             label = f"{getattr(f, 'kind', '?')}: unclassified ({err})"
         groups[label] = groups.get(label, 0) + 1
@@ -245,7 +246,8 @@ def phase_timing(device, mesh) -> dict:
     out = {}
     for mode, rs in runs.items():
         steps = sorted(t for run in rs for t in run["step_s"][2:])  # two warm-up steps per run
-        out[mode] = {"losses": rs[0]["losses"], "losses_same_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
+        out[mode] = {"losses": rs[0]["losses"],
+                     "losses_same_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
                      "step_ms_median": steps[len(steps) // 2] * 1e3 if steps else None,
                      "peak_active_bytes": max((r.get("peak_active_bytes", 0) for r in rs), default=0),
                      "peak_reserved_bytes": max((r.get("peak_reserved_bytes", 0) for r in rs), default=0),

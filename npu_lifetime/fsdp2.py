@@ -6,11 +6,20 @@ stream that reads them last, each with the same recipe: record an event
 after the last read, keep the buffer alive in a stash, and later make the
 allocating stream wait on the event before dropping the stash.
 
-| buffer | allocated on | last read on | FSDP2's recipe | migrated |
-|---|---|---|---|---|
-| all-gather output | all-gather copy-in stream | current stream (copy-out) | event after the copy-out; stashed in ``comm_ctx.all_gather_state`` until the next group (forward), else the all-gather streams wait on it at once | ``record_use(output)`` after the copy-out; dropped at once |
-| reduce-scatter input | current stream | reduce-scatter stream (the collective) | event; stashed in ``comm_ctx.reduce_scatter_state(s)`` until a later post-backward or the end of backward waits on it | ``record_use(input, reduce_scatter_stream)``; dropped at once |
-| all-reduce input (HSDP) | reduce-scatter stream | all-reduce stream | event; kept in ``_all_reduce_state`` until the next post-backward waits on it | ``record_use(input, all_reduce_stream)``; dropped at once |
+* all-gather output: allocated on the all-gather copy-in stream, last read
+  on the current stream by the copy-out.  Recipe: an event after the
+  copy-out, the buffer stashed in ``comm_ctx.all_gather_state`` until the
+  next group (forward), else the all-gather streams wait on it at once.
+  Migrated: ``record_use(output)`` after the copy-out; dropped at once.
+* reduce-scatter input: allocated on the current stream, last read on the
+  reduce-scatter stream by the collective.  Recipe: an event, the buffer
+  stashed in ``comm_ctx.reduce_scatter_state(s)`` until a later
+  post-backward or the end of backward waits on it.  Migrated:
+  ``record_use(input, reduce_scatter_stream)``; dropped at once.
+* all-reduce input (HSDP): allocated on the reduce-scatter stream, last
+  read on the all-reduce stream.  Recipe: an event, kept in
+  ``_all_reduce_state`` until the next post-backward waits on it.
+  Migrated: ``record_use(input, all_reduce_stream)``; dropped at once.
 
 How, without copying FSDP2's code: the module globals of
 ``_fsdp_param_group`` that FSDP2 calls (``foreach_all_gather_copy_out``,
