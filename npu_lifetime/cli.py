@@ -89,11 +89,15 @@ def _handoff(args: argparse.Namespace) -> int:
     from .handoff import CudaHandoffDevice, SimHandoffDevice
     from .handoff import table
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("npu-lifetime handoff: --device cuda needs a CUDA GPU and none is available; "
+              "use --device sim (the default) on this machine", file=sys.stderr)
+        return 2
+    if args.fsdp2 == "yes" and torch.cuda.device_count() < 2:
+        print(f"npu-lifetime handoff: --fsdp2 yes needs 2 CUDA GPUs (found {torch.cuda.device_count()})",
+              file=sys.stderr)
+        return 2
     if args.device == "cuda":
-        if not torch.cuda.is_available():
-            print("npu-lifetime handoff: --device cuda needs a CUDA GPU and none is available; "
-                  "use --device sim (the default) on this machine", file=sys.stderr)
-            return 2
         from .shim.install import install
 
         install("cuda")
@@ -123,9 +127,6 @@ def _handoff_fsdp2(args: argparse.Namespace) -> bool:
             print(f"\nFSDP2 migration table: skipped, it needs 2 CUDA GPUs (found {gpus}); "
                   "on a machine with them: npu-lifetime handoff --fsdp2 yes")
         return True
-    if gpus < 2:
-        print(f"npu-lifetime handoff: --fsdp2 yes needs 2 CUDA GPUs (found {gpus})", file=sys.stderr)
-        return False
     print("\ntorch FSDP2 (fully_shard, 2 GPUs, NCCL), shipped vs migrated to record_use, shim allocator")
     print("\n".join("  " + c for c in table.FSDP2_COLUMNS))
     try:

@@ -131,7 +131,7 @@ def test_replayed_broken_hand_offs_corrupt_the_late_read(cls):
 def test_handoff_command_explains_every_column_and_row(sim_shim, capsys):
     from npu_lifetime.cli import main
 
-    assert main(["handoff", "--layers", "3", "--fsdp2", "no"]) == 0
+    assert main(["handoff", "--layers", "2", "--width", "32", "--fsdp2", "no"]) == 0
     out = capsys.readouterr().out
     for column in ("hand-off:", "policy:", "findings:", "peak KiB:", "step ms:", "outputs:", "late read:", "verdict:"):
         assert column in out
@@ -145,7 +145,7 @@ def test_handoff_command_fails_loudly_when_a_row_misbehaves(sim_shim, capsys, mo
     from npu_lifetime.handoff import table
 
     monkeypatch.setattr(table, "replay", lambda cls: type("R", (), {"corrupted": cls is RecipeHandoff})())
-    assert main(["handoff", "--layers", "2", "--fsdp2", "no"]) == 1
+    assert main(["handoff", "--layers", "1", "--width", "16", "--fsdp2", "no"]) == 1
     out = capsys.readouterr().out
     assert "UNEXPECTED: recipe (poll): a correct hand-off misbehaved" in out
 
@@ -156,7 +156,7 @@ def test_handoff_command_without_the_device_says_so(capsys):
 
     assert main(["handoff", "--device", "cuda"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert main(["handoff", "--layers", "2", "--fsdp2", "yes"]) == 1
+    assert main(["handoff", "--fsdp2", "yes"]) == 2
     assert "needs 2 CUDA GPUs" in capsys.readouterr().err
 
 
