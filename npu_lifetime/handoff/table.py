@@ -166,9 +166,11 @@ def format_fsdp2_table(reports: list) -> str:
         step = t.get("step_ms_median")
         ratio = f"{step / base['step_ms_median']:6.3f}" if step and base.get("step_ms_median") else f"{'-':>6}"
         found = s.get("findings", {}).get("unexpected")
-        san = "-" if found == {} else (", ".join(f"{k.split(':')[0]} x{v}" for k, v in found.items()) if found else "?")
-        press = "-" if not p else ("CORRUPTED" if p["corrupted"] else "intact")
-        lines.append(f"{mode:<42} {same:>7} {peak} {step or 0:8.2f} {ratio} {san:<28} {press}")
+        san = ("not run" if found is None else "-" if not found else
+               ", ".join(f"{k.split(':')[0]} x{v}" for k, v in found.items()))
+        press = "not run" if not p else ("CORRUPTED" if p["corrupted"] else "intact")
+        step_text = f"{step:8.2f}" if step else f"{'-':>8}"
+        lines.append(f"{mode:<42} {same:>7} {peak} {step_text} {ratio} {san:<28} {press}")
     errors = {k: v.strip().splitlines()[-1] for r in reports for k, v in r.get("errors", {}).items()}
     if errors:
         lines.append(f"phases that failed: {errors}")
