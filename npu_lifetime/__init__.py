@@ -14,11 +14,15 @@ def install(device: str = "cuda", **options):
     return _install(device, **options)
 
 
-def record_use(tensor, stream=None) -> None:
-    """See ``npu_lifetime.recording.record_use``."""
-    from .recording import record_use as _record_use
+def __getattr__(name: str):
+    # ``record_use`` is recording.record_use itself once first looked up: a
+    # wrapper here would cost an import statement (about 1 us) on every call
+    if name == "record_use":
+        from .recording import record_use
 
-    _record_use(tensor, stream)
+        globals()["record_use"] = record_use
+        return record_use
+    raise AttributeError(f"module 'npu_lifetime' has no attribute {name!r}")
 
 
 def record_stream(tensor, stream) -> None:

@@ -121,9 +121,19 @@ def _print_snapshot(rec, outcome) -> None:
 
 
 def _handoff(args: argparse.Namespace) -> int:
-    from .handoff import CudaHandoffDevice, SimHandoffDevice
-    from .handoff.table import format_table, handoff_table
+    import torch
 
+    from .handoff import CudaHandoffDevice, SimHandoffDevice
+    from .handoff import table
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("npu-lifetime handoff: --device cuda needs a CUDA GPU and none is available; "
+              "use --device sim (the default) on this machine", file=sys.stderr)
+        return 2
+    if args.fsdp2 == "yes" and torch.cuda.device_count() < 2:
+        print(f"npu-lifetime handoff: --fsdp2 yes needs 2 CUDA GPUs (found {torch.cuda.device_count()})",
+              file=sys.stderr)
+        return 2
     if args.device == "cuda":
         from .shim.install import install
 
@@ -131,13 +141,38 @@ def _handoff(args: argparse.Namespace) -> int:
         device = CudaHandoffDevice()
     else:
         device = SimHandoffDevice()
-    rows, ok = handoff_table(device, layers=args.layers, width=args.width)
+    rows, ok = table.handoff_table(device, layers=args.layers, width=args.width, steps=args.steps)
     print(f"FSDP-style hand-off, {args.layers} layers, {args.width}x{args.width} buffers, device {device.name}, "
           "under the lifetime sanitizer")
-    print(format_table(rows))
-    print("all as expected" if ok else "UNEXPECTED: a correct hand-off had findings or different outputs, "
-          "or a broken one went unreported")
-    return 0 if ok else 1
+    print("\n".join("  " + c for c in table.COLUMNS))
+    print(table.format_table(rows))
+    print(table.summary(rows))
+    fsdp2_ok = _handoff_fsdp2(args)
+    return 0 if ok and fsdp2_ok else 1
+
+
+def _handoff_fsdp2(args: argparse.Namespace) -> bool:
+    import subprocess
+
+    import torch
+
+    from .handoff import table
+
+    gpus = torch.cuda.device_count()
+    if args.fsdp2 == "no" or (args.fsdp2 == "auto" and gpus < 2):
+        if args.fsdp2 == "auto":
+            print(f"\nFSDP2 migration table: skipped, it needs 2 CUDA GPUs (found {gpus}); "
+                  "on a machine with them: npu-lifetime handoff --fsdp2 yes")
+        return True
+    print("\ntorch FSDP2 (fully_shard, 2 GPUs, NCCL), shipped vs migrated to record_use, shim allocator")
+    print("\n".join("  " + c for c in table.FSDP2_COLUMNS))
+    try:
+        reports = table.fsdp2_reports()
+    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as err:
+        print(f"npu-lifetime handoff: {err}", file=sys.stderr)
+        return False
+    print(table.format_fsdp2_table(reports))
+    return not any(r.get("errors") for r in reports)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -227,10 +262,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_snapshot)
 
-    p = sub.add_parser("handoff", help="run the FSDP-style hand-off harness (recipe vs record_use vs record_stream)")
+    p = sub.add_parser("handoff", help="run the FSDP-style hand-off harness (recipe vs record_use vs record_stream), "
+                                       "and torch's FSDP2 migrated to record_use on 2 GPUs")
     p.add_argument("--device", default="sim", choices=["sim", "cuda"])
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--width", type=int, default=64)
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--fsdp2", default="auto", choices=["auto", "yes", "no"],
+                   help="also run torch's FSDP2 shipped vs migrated (auto: when 2 CUDA GPUs are present)")
     p.set_defaults(run=_handoff)
 
     p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (no NAME: list them)")
@@ -244,7 +283,8 @@ def main(argv: Optional[list] = None) -> int:
     # a CPU torch without numpy says so at import; it is not ours to report
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     args = _parser().parse_args(argv)
-    for name in ("schedules", "jobs", "max_steps", "max_streams", "trace_capacity", "max_events"):
+    for name in ("schedules", "jobs", "max_steps", "max_streams", "trace_capacity", "max_events", "layers", "width",
+                 "steps"):
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2

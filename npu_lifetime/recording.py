@@ -1,80 +1,71 @@
 """``record_use(tensor, stream=None)``: precise cross-stream lifetime.
 
-An event is recorded on ``stream`` at the call; the tensor's memory is not
-reused until every such event has fired.  It covers what is queued on
-``stream`` up to the call (and what that is ordered after), not later work.
-No-op on the tensor's allocation stream; repeated calls on one stream keep
-one live event (a stream runs in order, so the later record subsumes).
+An event is recorded on ``stream`` (default: the current stream) at the
+call; the tensor's memory is not reused until it has fired.  It covers what
+is queued on ``stream`` up to the call (and what that is ordered after), not
+later work.  A no-op on the tensor's allocation stream; repeated calls on one
+stream keep one live event (a stream runs in order: the later one subsumes).
 
-* Under the shim (``npu_lifetime.install``) the event is attached to the
-  allocator block: exact.
-* Under a native caching allocator, a fallback: the event plus an owned
-  reference to the storage, dropped once the event has fired (checked at
-  each call and by a background reclaimer every ``poll_interval_s``), so
-  memory outlives its last user reference by a bounded lag.
-* On the simulated device (CPU tensors, ``npu_lifetime.simdevice`` streams)
-  it only informs the sanitizer: host memory has no stream to outlive.
+Where a call goes, cheapest first:
 
-The call goes through the custom op ``npu_lifetime::record_use`` so that
-the sanitizer's dispatch mode sees it and ``torch.compile`` traces it.
+1. **Fast path**: the shim is installed for the tensor's device, no
+   dispatch mode is active in this thread (so no sanitizer could see an op)
+   and nothing is being compiled.  The storage's
+   address and the raw stream handle go to ``npl_record_use`` in one ctypes
+   call; every check that would cost time in the common case is left to the
+   failure branch (``_ShimRoute.fast``).
+2. **The custom op** ``npu_lifetime::record_use(Tensor, int stream_id, int
+   device_index, int device_type)`` when a sanitizer watches the device (its
+   dispatch mode sees the op) or torch.compile traces the call (the op is
+   side-effectful, so compilers keep it).  A simulated stream travels as
+   ``(handle, 0, cpu)``.
+3. **The kernel** (``_apply``): the shim route of the device if there is
+   one; else, for cuda/npu, ``NativeFallback`` (event + owned reference
+   under the native caching allocator, ``native_fallback.py``); on the
+   simulated device there is nothing to hold.
 """
 from __future__ import annotations
 
-import atexit
-import threading
-from typing import Optional
+import contextlib
+import operator
+from typing import Callable, Optional
 
 import torch
 
 from . import simdevice
+from .sanitizer import watchers
 from .shim import api as shim_api
 from .shim.install import device_stream, installed, stream_handle
 
 DEVICE_TYPES = ("cuda", "npu")
+_CPU = 0  # c10::DeviceType::CPU, how a simulated stream travels through the op
+_is_compiling = torch.compiler.is_compiling
+_watching = watchers.watching
+# Dispatch modes (a sanitizer's, FakeTensorMode, ...) live on a thread-local
+# stack: with none in this thread no mode could see the op, so the fast path
+# may skip it.  42 ns here, where asking the sanitizers costs 240 ns.
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 class RecordUseError(ValueError):
     pass
 
 
+# -- public calls -----------------------------------------------------------------------
 def record_use(tensor: torch.Tensor, stream=None) -> None:
     """Keeps ``tensor``'s memory from being reused until the work queued on
     ``stream`` (default: the current stream) so far has finished."""
-    if torch.compiler.is_compiling():
-        # traced by torch.compile: no checks dynamo cannot follow, just the op
-        stream = stream if stream is not None else _device_module(tensor.device.type).current_stream()
-        record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
+    fast = _fast
+    if fast is not None and fast(tensor, stream):
         return
-    if not isinstance(tensor, torch.Tensor):
-        raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
-    if isinstance(stream, simdevice.Stream) or (stream is None and tensor.device.type == "cpu"):
-        _notify_simulated_sanitizer(tensor, stream or simdevice.current_stream(), "record_use")
-        return
-    stream = _checked_stream(tensor, stream)
-    if _watching_sanitizer(tensor.device.type):
-        # through the op, so the sanitizer's dispatch mode sees the call
-        record_use_op()(tensor, stream.stream_id, stream.device_index, stream.device_type)
-    else:
-        _apply(tensor, stream)
-
-
-def _watching_sanitizer(device_type: str) -> bool:
-    """Whether an enabled sanitizer watches ``device_type``."""
-    from .sanitizer import watchers
-
-    return watchers.watching(device_type)
-
-
-def _notify_sanitizers(call: str, tensor: torch.Tensor, stream) -> None:
-    from .sanitizer import watchers
-
-    watchers.notify(call, tensor, stream)
+    _record_use_checked(tensor, stream)
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
     """``tensor.record_stream(stream)``, also for simdevice streams."""
     if isinstance(stream, simdevice.Stream):
-        _notify_simulated_sanitizer(tensor, stream, "record_stream")
+        _simulated_tensor(tensor)
+        watchers.notify("record_stream", tensor, stream)
     else:
         tensor.record_stream(stream)
 
@@ -84,63 +75,139 @@ def erase_stream(tensor: torch.Tensor, stream) -> None:
     the free no longer waits for ``stream``.  Supported under the shim and on
     the simulated device; the native caching allocators keep no handle for it."""
     if isinstance(stream, simdevice.Stream):
-        _notify_simulated_sanitizer(tensor, stream, "erase_stream")
+        _simulated_tensor(tensor)
+        watchers.notify("erase_stream", tensor, stream)
         return
     setup = installed()
     if setup is None or setup.device != tensor.device.type:
         raise RecordUseError("erase_stream needs the shim (npu_lifetime.install) or a simdevice stream")
     typed = device_stream(tensor.device.type, stream)
     shim_api.erase_stream(tensor.untyped_storage().data_ptr(), stream_handle(typed))
-    _notify_sanitizers("erase_stream", tensor, typed)
+    watchers.notify("erase_stream", tensor, typed)
 
 
-def _checked_stream(tensor: torch.Tensor, stream):
-    device = tensor.device
-    if device.type not in DEVICE_TYPES:
-        raise RecordUseError(
-            f"record_use needs a cuda or npu tensor (or a simdevice stream); this one is on {device}"
-        )
-    module = _device_module(device.type)
+# -- the checked path ---------------------------------------------------------------------
+def _record_use_checked(tensor, stream) -> None:
+    if _is_compiling():
+        _record_use_traced(tensor, stream)
+        return
+    if not isinstance(tensor, torch.Tensor):
+        raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
+    stream = _resolved_stream(tensor, stream)
+    device_type = tensor.device.type
+    _enable_fast_path_if_installed(device_type)
+    if _watching(device_type):
+        _OP(tensor, *_op_stream_args(stream))  # the sanitizer's dispatch mode sees the op
+    else:
+        _apply(tensor, stream)
+
+
+def _record_use_traced(tensor, stream) -> None:
+    """Under torch.compile: only what dynamo can follow.  A missing stream is
+    the current one at trace time; dynamo guards on it, so a call under
+    another current stream recompiles."""
     if stream is None:
-        stream = module.current_stream(device)
-    if stream.device != device:
-        raise RecordUseError(f"stream {stream} is on {stream.device}, the tensor on {device}")
+        stream = simdevice.current_stream() if tensor.device.type == "cpu" else _device_module(
+            tensor.device.type).current_stream(tensor.device)
+    _OP(tensor, *_op_stream_args(stream))
+
+
+def _resolved_stream(tensor: torch.Tensor, stream):
+    """The typed stream for ``tensor`` (a simdevice.Stream for CPU tensors,
+    torch.cuda / torch_npu streams otherwise), or a clear error."""
+    stream = _simulated_stream(tensor, stream) if tensor.device.type == "cpu" else _device_stream(tensor, stream)
     storage = tensor.untyped_storage()
     if storage.nbytes() == 0 or storage.data_ptr() == 0:
-        raise RecordUseError("record_use on a freed storage (its memory was already released, e.g. by resize_(0))")
+        raise RecordUseError(
+            "record_use on a freed storage (its memory was already released, e.g. by untyped_storage().resize_(0)): "
+            "call it before the storage is freed"
+        )
     return stream
+
+
+def _simulated_stream(tensor: torch.Tensor, stream):
+    if stream is None:
+        return simdevice.current_stream()
+    if not isinstance(stream, simdevice.Stream):
+        raise RecordUseError(
+            f"a CPU tensor takes a simdevice stream (npu_lifetime.simdevice), not {stream!r}; "
+            "for a device stream, record_use a cuda or npu tensor"
+        )
+    return stream
+
+
+def _device_stream(tensor: torch.Tensor, stream):
+    device = tensor.device
+    if isinstance(stream, simdevice.Stream):
+        raise RecordUseError(f"a simdevice stream goes with CPU tensors, not a tensor on {device}")
+    if device.type not in DEVICE_TYPES:
+        raise RecordUseError(
+            f"record_use needs a cuda or npu tensor (or a CPU tensor with a simdevice stream); this one is on {device}"
+        )
+    if stream is None:
+        return _device_module(device.type).current_stream(device)
+    if not isinstance(stream, torch.Stream):
+        raise RecordUseError(f"record_use needs a stream (e.g. torch.{device.type}.Stream()), not {stream!r}")
+    if stream.device != device:
+        raise RecordUseError(f"stream {stream} is on {stream.device}, the tensor on {device}: use a stream of {device}")
+    return _typed_stream(device.type, stream)
+
+
+def _typed_stream(device_type: str, stream):
+    if hasattr(stream, "cuda_stream") or hasattr(stream, "npu_stream"):
+        return stream
+    return device_stream(device_type, stream)
 
 
 def _device_module(device_type: str):
     if device_type == "cuda":
         return torch.cuda
-    import torch_npu  # noqa: F401  (registers torch.npu)
-
+    if device_type != "npu":
+        raise RecordUseError(f"record_use has no streams for {device_type} tensors")
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except ImportError as err:
+        raise RecordUseError("record_use on an npu tensor needs torch_npu, which is not installed") from err
     return torch.npu
 
 
-def _notify_simulated_sanitizer(tensor: torch.Tensor, stream: simdevice.Stream, call: str) -> None:
-    if tensor.device.type != "cpu":
-        raise RecordUseError(f"a simdevice stream goes with CPU tensors, not {tensor.device}")
-    _notify_sanitizers(call, tensor, stream)
+def _simulated_tensor(tensor) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        where = getattr(tensor, "device", type(tensor).__name__)
+        raise RecordUseError(f"a simdevice stream goes with CPU tensors, not {where}")
+
+
+# -- the op and its kernel ------------------------------------------------------------------
+def _op_stream_args(stream) -> tuple:
+    if isinstance(stream, simdevice.Stream):
+        return stream.handle, stream.device_index, _CPU
+    return stream.stream_id, stream.device_index, stream.device_type
+
+
+def _stream_from_op_args(stream_id: int, device_index: int, device_type: int):
+    if device_type == _CPU:
+        return simdevice.Stream(_handle=stream_id)
+    return torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
 def _apply(tensor: torch.Tensor, stream) -> None:
-    """The op's kernel: the shim's block event, or the fallback."""
+    """The op's kernel: the device's shim route, else the native fallback."""
     device_type = tensor.device.type
-    typed = stream if hasattr(stream, "cuda_stream") or hasattr(stream, "npu_stream") else device_stream(device_type, stream)
-    setup = installed()
-    storage = tensor.untyped_storage()
-    if setup is not None and setup.device == device_type:
-        if not shim_api.record_use(storage.data_ptr(), stream_handle(typed)):
-            raise RecordUseError(f"the shim does not know this tensor's storage: {shim_api.findings()}")
-        return
-    FALLBACK.record(storage, typed, _device_module(device_type))
+    if device_type in DEVICE_TYPES:
+        stream = _typed_stream(device_type, stream)
+    route = _routes.get(device_type) or _installed_route(device_type)
+    if route is not None:
+        route.record(tensor, stream)
+    elif device_type in DEVICE_TYPES:
+        from .native_fallback import FALLBACK
+
+        FALLBACK.record(tensor, stream)
+    # simulated device without a shim route: host memory has no stream to outlive
 
 
 @torch.library.custom_op("npu_lifetime::record_use", mutates_args=())
 def _record_use_kernel(tensor: torch.Tensor, stream_id: int, device_index: int, device_type: int) -> None:
-    _apply(tensor, torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+    _apply(tensor, _stream_from_op_args(stream_id, device_index, device_type))
 
 
 @_record_use_kernel.register_fake
@@ -160,84 +227,166 @@ def record_use_op():
     return _OP
 
 
-class _Fallback:
-    """Events and owned storage references under a native allocator."""
+# -- shim routes and the fast path ----------------------------------------------------------------
+class _ShimRoute:
+    """How record_use reaches the shim for one device type: the raw handle
+    of a typed stream, the raw current stream, and a fast path that skips
+    every check the common case does not need."""
 
-    def __init__(self, poll_interval_s: float = 0.001) -> None:
-        self.poll_interval_s = poll_interval_s
-        self._held: dict = {}  # (storage id, stream handle) -> (event, storage)
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._thread: Optional[threading.Thread] = None
-        self._stopping = False
-        self.events_created = 0
+    def __init__(self, device_type: str, stream_type: type, handle: Callable, current_handle: Callable,
+                 device_flag: str, device_index: Callable) -> None:
+        self.device_type = device_type
+        self.stream_type = stream_type
+        self.handle = handle  # typed stream -> raw handle
+        self.current_handle = current_handle  # tensor -> raw handle of its device's current stream
+        self.device_flag = device_flag  # the tensor property that is True on this device ("is_cuda", ...)
+        self.device_index = device_index  # tensor -> the device index its streams carry
+        self.fast = self._make_fast()
 
-    def record(self, storage, stream, module) -> None:
-        key = (storage._cdata, stream_handle(stream))
-        with self._lock:
-            entry = self._held.get(key)
-            if entry is None:
-                event = module.Event()
-                self.events_created += 1
-                entry = self._held[key] = (event, storage)
-            entry[0].record(stream)  # one live event per (storage, stream)
-            self._reclaim_locked()
-            self._ensure_thread()
-            self._wake.notify()
+    def record(self, tensor: torch.Tensor, stream) -> None:
+        ptr = tensor.untyped_storage().data_ptr()
+        if _npl_record_use()(ptr, self.handle(stream)) != 0:
+            raise _shim_refused(tensor, ptr)
 
-    def held(self) -> int:
-        with self._lock:
-            return len(self._held)
+    def _make_fast(self) -> Callable:
+        npl_record_use = _npl_record_use()
+        stream_type, handle_of, current_handle = self.stream_type, self.handle, self.current_handle
+        device_flag, device_index = self.device_flag, self.device_index
 
-    def reclaim(self) -> int:
-        """Drops the references whose events have fired; returns how many."""
-        with self._lock:
-            return self._reclaim_locked()
-
-    def wait_all(self) -> None:
-        """Blocks until every held event has fired, then drops them."""
-        with self._lock:
-            events = [event for event, _ in self._held.values()]
-        for event in events:
-            event.synchronize()
-        self.reclaim()
-
-    def _reclaim_locked(self) -> int:
-        # the unpatched query: the sanitizer must not learn of our own polling
-        done = [key for key, (event, _) in self._held.items() if getattr(event, "raw_query", event.query)()]
-        for key in done:
-            del self._held[key]  # may free the storage: the event has fired
-        return len(done)
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="npu_lifetime-reclaim", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        with self._lock:
-            while not self._stopping:
-                if self._held:
-                    self._reclaim_locked()
-                    self._wake.wait(timeout=self.poll_interval_s)
+        def fast(tensor, stream) -> bool:
+            """True when done; False sends the call down the checked path,
+            which says what was wrong."""
+            try:
+                if not getattr(tensor, device_flag) or _is_compiling() or _dispatch_modes():
+                    return False
+                if stream is None:
+                    handle = current_handle(tensor)
+                elif type(stream) is stream_type and stream.device_index == device_index(tensor):
+                    handle = handle_of(stream)
                 else:
-                    self._wake.wait()
+                    return False
+                ptr = tensor.untyped_storage().data_ptr()
+            except (AttributeError, TypeError):  # not a tensor or not a stream
+                return False
+            if not ptr:  # a freed storage
+                return False
+            if npl_record_use(ptr, handle) != 0:
+                raise _shim_refused(tensor, ptr)
+            return True
 
-    def shutdown(self) -> None:
-        """Stops the reclaimer before the interpreter (and the device
-        runtime) goes away: a thread polling events during teardown aborts
-        the process."""
-        with self._lock:
-            self._stopping = True
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
+        return fast
 
 
-FALLBACK = _Fallback()
-atexit.register(FALLBACK.shutdown)
+def _npl_record_use():
+    return shim_api.library().npl_record_use
+
+
+def _shim_refused(tensor: torch.Tensor, ptr: int) -> RecordUseError:
+    if ptr == 0:
+        return RecordUseError(
+            "record_use on a freed storage (its memory was already released, e.g. by untyped_storage().resize_(0)): "
+            "call it before the storage is freed"
+        )
+    return RecordUseError(
+        f"the shim does not know the storage at {ptr:#x} ({tensor.device}): it was allocated before "
+        "npu_lifetime.install() or by another allocator; see npu_lifetime.shim.findings()"
+    )
+
+
+def _cuda_route() -> _ShimRoute:
+    return _ShimRoute(
+        "cuda", torch.cuda.Stream, handle=operator.attrgetter("cuda_stream"),
+        current_handle=lambda t, raw=torch._C._cuda_getCurrentRawStream: raw(t.get_device()),
+        device_flag="is_cuda", device_index=torch.Tensor.get_device,
+    )
+
+
+def _npu_route() -> _ShimRoute:
+    """Written against torch_npu's published API; not run on an NPU here."""
+    import torch_npu
+
+    return _ShimRoute(
+        "npu", torch_npu.npu.Stream, handle=lambda s: int(s.npu_stream),
+        current_handle=lambda t: int(torch.npu.current_stream(t.device).npu_stream),
+        device_flag="is_npu", device_index=torch.Tensor.get_device,  # is_npu: torch_npu's tensor property
+    )
+
+
+def simulated_route(handle: Callable[[simdevice.Stream], int]) -> _ShimRoute:
+    """The shim on its simulated runtime for CPU tensors whose memory the
+    shim handed out (the hand-off harness's buffers); ``handle`` maps a
+    simdevice stream to the runtime's handle."""
+    return _ShimRoute(
+        "cpu", simdevice.Stream, handle=handle, current_handle=lambda t: handle(simdevice.current_stream()),
+        device_flag="is_cpu", device_index=lambda t: simdevice.DEVICE_INDEX,
+    )
+
+
+_routes: dict = {}  # device type -> _ShimRoute
+_fast: Optional[Callable] = None  # the fast path of the one active route
+
+
+def _installed_route(device_type: str) -> Optional[_ShimRoute]:
+    setup = installed()
+    if setup is None or setup.device != device_type:
+        return None
+    route = _routes[device_type] = _cuda_route() if device_type == "cuda" else _npu_route()
+    return route
+
+
+def _enable_fast_path_if_installed(device_type: str) -> None:
+    global _fast
+    if _fast is None and device_type in DEVICE_TYPES:
+        route = _routes.get(device_type) or _installed_route(device_type)
+        if route is not None:
+            _fast = route.fast
+
+
+@contextlib.contextmanager
+def shim_route(route: _ShimRoute):
+    """Sends record_use calls for ``route.device_type`` to the shim inside
+    the block (for the simulated device, whose tensors are not the shim's
+    unless a harness allocated them there)."""
+    global _fast
+    previous_route, previous_fast = _routes.get(route.device_type), _fast
+    _routes[route.device_type], _fast = route, route.fast
+    try:
+        yield route
+    finally:
+        _fast = previous_fast
+        if previous_route is None:
+            _routes.pop(route.device_type, None)
+        else:
+            _routes[route.device_type] = previous_route
+
+
+# -- Tensor.record_use (opt-in) -------------------------------------------------------------------
+def _tensor_record_use(self: torch.Tensor, stream=None) -> None:
+    """Keeps this tensor's memory from reuse until the work queued on
+    ``stream`` (default: the current stream) so far has finished
+    (npu_lifetime.record_use)."""
+    record_use(self, stream)
 
 
 def install_tensor_method() -> None:
-    """Adds ``Tensor.record_use(stream=None)`` (opt-in)."""
-    torch.Tensor.record_use = lambda self, stream=None: record_use(self, stream)
+    """Adds ``Tensor.record_use(stream=None)`` as the RFC proposes it.
+    Opt-in, and never over a ``record_use`` that torch (or anyone else)
+    already defines: that one is left in place and this raises."""
+    existing = getattr(torch.Tensor, "record_use", None)
+    if existing is _tensor_record_use:
+        return
+    if existing is not None:
+        raise RecordUseError(
+            f"torch.Tensor.record_use already exists ({getattr(existing, '__qualname__', existing)!s}, "
+            f"torch {torch.__version__}); npu_lifetime leaves it in place: call it, or npu_lifetime.record_use(t, s)"
+        )
+    torch.Tensor.record_use = _tensor_record_use
+
+
+def uninstall_tensor_method() -> None:
+    """Removes what ``install_tensor_method`` added (and nothing else)."""
+    if getattr(torch.Tensor, "record_use", None) is _tensor_record_use:
+        del torch.Tensor.record_use
+
+
+from .native_fallback import FALLBACK  # noqa: E402,F401  (npu_lifetime.recording.FALLBACK, as before)

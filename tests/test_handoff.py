@@ -12,6 +12,7 @@ from npu_lifetime.handoff import (
     BrokenEventTooLate,
     BrokenRecordUseBeforeLastRead,
     BrokenStashDroppedEarly,
+    CORRECT,
     EventStash,
     RecipeHandoff,
     RecordStreamHandoff,
@@ -19,7 +20,9 @@ from npu_lifetime.handoff import (
     SimHandoffDevice,
     run_handoff,
 )
+from npu_lifetime.handoff.replay import replay
 from npu_lifetime.sanitizer import LifetimeSanitizer
+from npu_lifetime.schedules import compare, delay_stream, execute
 
 
 @pytest.fixture
@@ -106,9 +109,80 @@ def test_tensor_record_use_method_is_opt_in():
         del torch.Tensor.record_use
 
 
-def test_handoff_command_runs_every_variant_on_the_simulated_device(sim_shim, capsys):
+def test_record_use_hand_off_reaches_the_shim(device):
+    result = run(device, RecordUseHandoff, "poll")
+    assert result.findings == [] and shim.stats()["events_recorded"] > 0  # the harness's record_use attached events
+
+
+@pytest.mark.parametrize("cls", CORRECT + (BrokenEventTooLate,))
+def test_replayed_correct_hand_offs_keep_the_late_read_safe(cls):
+    assert not replay(cls).corrupted
+
+
+@pytest.mark.parametrize("cls", [BrokenDropOutsideOwnerStream, BrokenStashDroppedEarly, BrokenRecordUseBeforeLastRead])
+def test_replayed_broken_hand_offs_corrupt_the_late_read(cls):
+    r = replay(cls)
+    assert r.corrupted
+    assert not execute(r.schedule, delay_stream(1), allocator_waits=False).corrupted  # only when the reader lags
+    kinds = {key[0] for key in compare(r.schedule).model}
+    assert "uncovered_free" in kinds  # the lifetime model agrees on the schedule
+
+
+def test_handoff_command_explains_every_column_and_row(sim_shim, capsys):
     from npu_lifetime.cli import main
 
-    assert main(["handoff", "--layers", "3"]) == 0
+    assert main(["handoff", "--layers", "2", "--width", "32", "--fsdp2", "no"]) == 0
     out = capsys.readouterr().out
-    assert "all as expected" in out and out.count("uncovered_free") == 3
+    for column in ("hand-off:", "policy:", "findings:", "peak KiB:", "step ms:", "outputs:", "late read:", "verdict:"):
+        assert column in out
+    assert out.count("uncovered_free") == 3 and out.count("corrupts  ok: caught") == 3
+    assert "no finding, by design" in out  # the too-late event row says why it is clean
+    assert "as expected" in out and "UNEXPECTED" not in out
+
+
+def test_handoff_command_fails_loudly_when_a_row_misbehaves(sim_shim, capsys, monkeypatch):
+    from npu_lifetime.cli import main
+    from npu_lifetime.handoff import table
+
+    monkeypatch.setattr(table, "replay", lambda cls: type("R", (), {"corrupted": cls is RecipeHandoff})())
+    assert main(["handoff", "--layers", "1", "--width", "16", "--fsdp2", "no"]) == 1
+    out = capsys.readouterr().out
+    assert "UNEXPECTED: recipe (poll): a correct hand-off misbehaved" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_handoff_command_without_the_device_says_so(capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["handoff", "--device", "cuda"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["handoff", "--fsdp2", "yes"]) == 2
+    assert "needs 2 CUDA GPUs" in capsys.readouterr().err
+
+
+def test_fsdp2_table_formats_every_mode():
+    from npu_lifetime.fsdp2 import MODES, RECIPE, RECORD_USE
+    from npu_lifetime.handoff.table import format_fsdp2_table
+
+    base = {"losses": [1.0, 0.9, 0.8], "peak_active_bytes": 3 << 20, "step_ms_median": 10.0}
+    report = {
+        "timing": {RECIPE: base, RECORD_USE: dict(base, peak_active_bytes=2 << 20, step_ms_median=10.1)},
+        "sanitizer": {m: {"findings": {"unexpected": {} if m in (RECIPE, RECORD_USE) else
+                                       {"uncovered_free: aten::copy on stream": 4}}} for m in MODES},
+        "pressure": {m: {"corrupted": m not in (RECIPE, RECORD_USE)} for m in MODES},
+        "errors": {},
+    }
+    text = format_fsdp2_table([report, report])
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(MODES)
+    assert "1.010" in lines[2] and "2.0" in lines[2] and "intact" in lines[2]
+    assert all("CORRUPTED" in line and "uncovered_free x4" in line for line in lines[3:])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback of the benchmark")
+def test_bench_handoff_runs_on_the_simulated_device_without_cuda(sim_shim, capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["bench", "handoff", "--rounds", "1", "--steps", "1", "--layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA device: the simulated device" in out and "record_use/poll" in out and "recipe/poll" in out

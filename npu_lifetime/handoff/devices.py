@@ -64,9 +64,12 @@ class SimHandoffDevice:
     name = "sim"
 
     def __init__(self) -> None:
+        from ..recording import simulated_route
+
         self.Stream = simdevice.Stream
         self.Event = simdevice.Event
         self.stream = simdevice.stream
+        self.route = simulated_route(self.handle)  # record_use on our buffers reaches the shim
         shim.select_runtime("sim")
 
     def default_stream(self):
@@ -103,10 +106,10 @@ class SimHandoffDevice:
         shim.record_stream(t.untyped_storage().data_ptr(), self.handle(stream))
 
     def record_use(self, t: torch.Tensor, stream) -> None:
-        from ..recording import record_use
+        from ..recording import record_use, shim_route
 
-        record_use(t, stream)
-        shim.record_use(t.untyped_storage().data_ptr(), self.handle(stream))
+        with shim_route(self.route):
+            record_use(t, stream)
 
     def progress(self, stream) -> None:
         shim.sim.complete(self.handle(stream))
