@@ -7,7 +7,9 @@
 
 namespace npl::sim {
 
-void complete(Stream stream);  // everything queued on `stream` so far finishes
+void complete(Stream stream);  // `stream` runs: to its end, or to a wait on an event not yet complete
+void complete_to(Stream stream, uint64_t position);  // the same, up to `position` at most
+uint64_t launch(Stream stream);                      // a kernel queued on `stream`: its position
 void complete_all();
 void set_capturing(Stream stream, bool capturing);
 void set_memory_limit(uint64_t bytes);  // 0: unlimited

@@ -223,7 +223,17 @@ class sim:
 
     @staticmethod
     def complete(stream: int) -> None:
+        """``stream`` runs: to its end, or to a wait on an event not yet complete."""
         library().npl_sim_complete(stream)
+
+    @staticmethod
+    def complete_to(stream: int, position: int) -> None:
+        library().npl_sim_complete_to(stream, position)
+
+    @staticmethod
+    def launch(stream: int) -> int:
+        """A kernel queued on ``stream``; returns its position."""
+        return library().npl_sim_launch(stream)
 
     @staticmethod
     def complete_all() -> None:

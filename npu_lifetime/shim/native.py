@@ -59,6 +59,8 @@ _PROTOTYPES = {
     "npl_set_npu_stream_resolver": (None, [_P]),
     "npl_sim_complete": (None, [_P]),
     "npl_sim_complete_all": (None, []),
+    "npl_sim_complete_to": (None, [_P, _U64]),
+    "npl_sim_launch": (_U64, [_P]),
     "npl_sim_set_capturing": (None, [_P, _I]),
     "npl_sim_set_memory_limit": (None, [_U64]),
     "npl_sim_set_device": (None, [_I]),
