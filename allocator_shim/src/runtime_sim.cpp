@@ -254,6 +254,18 @@ void complete_to(Stream stream, uint64_t position) {
     advance(s, s.streams[stream], position, false);
 }
 
+Event record_event(Stream stream) {
+    Event e = nullptr;
+    int code = 0;
+    if (sim_event_create(&e, 0, &code) != Status::ok || sim_event_record(e, stream, &code) != Status::ok) return nullptr;
+    return e;
+}
+
+void wait_event(Stream stream, Event event) {
+    int code = 0;
+    sim_stream_wait(stream, event, &code);
+}
+
 uint64_t launch(Stream stream) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);

@@ -10,6 +10,8 @@ namespace npl::sim {
 void complete(Stream stream);  // `stream` runs: to its end, or to a wait on an event not yet complete
 void complete_to(Stream stream, uint64_t position);  // the same, up to `position` at most
 uint64_t launch(Stream stream);                      // a kernel queued on `stream`: its position
+Event record_event(Stream stream);                   // a new event recorded on `stream` (a test's own)
+void wait_event(Stream stream, Event event);         // `stream` waits for `event`
 void complete_all();
 void set_capturing(Stream stream, bool capturing);
 void set_memory_limit(uint64_t bytes);  // 0: unlimited

@@ -236,6 +236,16 @@ class sim:
         return library().npl_sim_launch(stream)
 
     @staticmethod
+    def record_event(stream: int) -> int:
+        """A new event recorded on ``stream`` (its handle)."""
+        return library().npl_sim_record_event(stream) or 0
+
+    @staticmethod
+    def wait_event(stream: int, event: int) -> None:
+        """``stream`` waits GPU-side for ``event``."""
+        library().npl_sim_wait_event(stream, event)
+
+    @staticmethod
     def complete_all() -> None:
         library().npl_sim_complete_all()
 

@@ -61,6 +61,8 @@ _PROTOTYPES = {
     "npl_sim_complete_all": (None, []),
     "npl_sim_complete_to": (None, [_P, _U64]),
     "npl_sim_launch": (_U64, [_P]),
+    "npl_sim_record_event": (_P, [_P]),
+    "npl_sim_wait_event": (None, [_P, _P]),
     "npl_sim_set_capturing": (None, [_P, _I]),
     "npl_sim_set_memory_limit": (None, [_U64]),
     "npl_sim_set_device": (None, [_I]),
