@@ -319,6 +319,8 @@ void reset_streams() {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     s.streams.clear();
+    for (SimEvent* e : s.events) delete e;  // a test's own events (npl_sim_record_event) go too
+    s.events.clear();
     s.event_syncs = 0;
 }
 

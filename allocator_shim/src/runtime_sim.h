@@ -21,6 +21,6 @@ uint64_t event_syncs();        // host waits on events (event_synchronize)
 void set_device(int device);   // the calling thread's current device
 void lock_for_fork();          // pthread_atfork: hold the state's lock across fork()
 void unlock_after_fork();
-void reset_streams();  // forget every stream's progress, waits and capture state
+void reset_streams();  // forget every stream's progress, waits and capture state, and every event
 
 }  // namespace npl::sim
