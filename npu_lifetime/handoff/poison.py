@@ -13,7 +13,6 @@ the owner's stream waits for it before the fill (the recipe).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import itertools
@@ -22,6 +21,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..shim import api as shim
+from .hook_device import HookDevice
 
 _N = 1024  # floats
 _handles = itertools.count(0xD000)
@@ -60,7 +60,7 @@ class _Buffer:
         weakref.finalize(self, shim.free, self.ptr, self.nbytes, 0, owner.handle)
 
 
-class _SimRuntimeDevice:
+class _SimRuntimeDevice(HookDevice):
     """The device API the hand-offs use, over the shim's simulated runtime."""
 
     def __init__(self) -> None:
@@ -69,17 +69,6 @@ class _SimRuntimeDevice:
 
     def Event(self) -> _Event:  # noqa: N802  (the device modules' name)
         return _Event()
-
-    def current_stream(self) -> _Stream:
-        return self._current
-
-    @contextlib.contextmanager
-    def stream(self, s: _Stream):
-        previous, self._current = self._current, s
-        try:
-            yield
-        finally:
-            self._current = previous
 
     def record_use(self, buf: _Buffer, stream: _Stream) -> None:
         shim.record_use(buf.ptr, stream.handle)
