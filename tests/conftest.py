@@ -29,8 +29,10 @@ def compile_c(tmp_path_factory, source: str, name: str, *flags: str):
     if cc is None:
         pytest.skip("no C compiler")
     out = tmp_path_factory.mktemp(name) / name
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", *flags, f"allocator_shim/tests/{source}",
-                    "-o", str(out)], check=True)
+    libraries = [f for f in flags if f.startswith("-l")]  # after the source, for --as-needed linkers
+    options = [f for f in flags if not f.startswith("-l")]
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", *options, f"allocator_shim/tests/{source}",
+                    "-o", str(out), *libraries], check=True)
     return out
 
 
