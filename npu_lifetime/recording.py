@@ -90,6 +90,9 @@ def erase_stream(tensor: torch.Tensor, stream) -> None:
             f"erase_stream on a CPU tensor takes a simdevice stream (npu_lifetime.simdevice), not {stream!r}; "
             "a device stream needs the shim (npu_lifetime.install) and a cuda or npu tensor"
         )
+    if tensor.device.type not in DEVICE_TYPES:
+        raise RecordUseError(f"erase_stream needs a cuda or npu tensor (or a CPU tensor with a simdevice stream); "
+                             f"this one is on {tensor.device}")
     setup = installed()
     if setup is None or setup.device != tensor.device.type:
         raise RecordUseError(

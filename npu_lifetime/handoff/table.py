@@ -17,8 +17,8 @@ from typing import Optional
 import torch
 
 from ..shim import api as shim
-from .harness import run_handoff
-from .recipes import BROKEN, CORRECT, BrokenEventTooLate, RecordStreamHandoff, RecordUseHandoff
+from .harness import check_arguments, run_handoff
+from .recipes import BROKEN, CORRECT, BrokenEventTooLate, Handoff, RecordStreamHandoff, RecordUseHandoff
 from .replay import replay
 
 COLUMNS = (
@@ -76,6 +76,7 @@ def _judge(kind: str, findings: list, same: bool, corrupts: bool) -> tuple:
 
 def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1) -> tuple:
     """Returns (rows, ok): ok when every row behaves as its kind must."""
+    check_arguments(device, Handoff, layers=layers, width=width, steps=steps)
     rows, reference = [], None
     for cls in CORRECT + BROKEN:
         corrupts, kind = replay(cls).corrupted, _kind(cls)

@@ -33,9 +33,10 @@ def _runtime_arguments(name, library_path) -> tuple:
         return name.encode(), None
     if name != "acl":
         raise ValueError(f"library_path is for the acl runtime (a libascendcl to load), not for {name!r}")
-    path = os.fspath(library_path)
+    path = library_path if isinstance(library_path, str) else getattr(library_path, "__fspath__", lambda: None)()
     if not isinstance(path, str):
-        raise TypeError(f"library_path must be a path (str or os.PathLike), not {type(library_path).__name__}")
+        raise TypeError(f"library_path must be a path (a str or os.PathLike), not {type(library_path).__name__} "
+                        f"{library_path!r}")
     return name.encode(), path.encode()
 
 
