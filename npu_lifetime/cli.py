@@ -412,7 +412,13 @@ def main(argv: Optional[list] = None) -> int:
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return EXIT_USAGE
-    return args.run(args)
+    from .shim.native import ShimNotBuilt
+
+    try:
+        return args.run(args)
+    except ShimNotBuilt as err:  # every command but bench and fuzz needs the shim
+        print(f"npu-lifetime {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -35,6 +38,7 @@ from npu_lifetime.recording import RecordUseError
 from npu_lifetime.shim import ShimError
 from npu_lifetime.shim import install as install_module
 from npu_lifetime.shim.install import InstallError
+from npu_lifetime.viz.recorder import Recorder
 
 S1, S2 = 0x1000, 0x2000  # simulated stream handles
 NO_CUDA = not torch.cuda.is_available()
@@ -129,8 +133,26 @@ def _scratch_arg(ctx: Ctx, arg: str) -> str:
     return arg
 
 
+def cli_process(*argv, env: dict) -> Callable:
+    """A CLI row run as its own process (for what one process can load once)."""
+    def call(ctx: Ctx) -> int:
+        done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", *argv], capture_output=True, text=True,
+                              env={**os.environ, **env}, cwd=ctx.tmp, timeout=120)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        return done.returncode
+
+    call.argv = argv
+    return call
+
+
 def enter(ctx: Ctx, manager) -> None:
     ctx.exits.enter_context(manager)
+
+
+def recording(ctx: Ctx) -> None:
+    ctx.recorder = Recorder().start()
+    ctx.exits.callback(ctx.recorder.stop, "the row's recording")
 
 
 
@@ -431,6 +453,16 @@ HARNESS_ROWS = [
         r"device must be a SimHandoffDevice or CudaHandoffDevice"),
 ]
 
+RECORDER_ROWS = [
+    Row("Recorder capacity str", lambda c: Recorder("1M"), TypeError,
+        r"the trace capacity must be an int \(events\), not str '1M'"),
+    Row("Recorder capacity 0", lambda c: Recorder(0), ValueError, r"must be at least 1 event, not 0"),
+    Row("Recorder started twice", lambda c: c.recorder.start(), RuntimeError,
+        r"already recording: stop\(\) it before starting it again", setup=recording),
+    Row("Recorder stopped before it started", lambda c: Recorder().stop("x"), RuntimeError,
+        r"not recording: start\(\) it first"),
+]
+
 CLI_ROWS = [
     Row("no command", cli(), 2, r"the following arguments are required: command"),
     Row("unknown command", cli("bogus"), 2, r"invalid choice: 'bogus'"),
@@ -506,13 +538,16 @@ CLI_ROWS = [
     Row("bench shim_alloc iters 0", cli("bench", "shim_alloc", "--iters", "0"), 2, r"--iters must be at least 1"),
     Row("bench sanitizer --device cuda without CUDA", cli("bench", "sanitizer", "--device", "cuda"), 2,
         r"--device cuda needs a CUDA GPU", when=NO_CUDA),
+    Row("snapshot with a shim that does not load", cli_process("snapshot", "--demo", "--no-files",
+                                                               env={"NPU_LIFETIME_SHIM": "/nonexistent/libnpl.so"}),
+        2, r"cannot load the allocator shim NPU_LIFETIME_SHIM=/nonexistent/libnpl\.so: .* point it at a built"),
     Row("bench a benchmark that raises", lambda c: bench_script(c, "raise ZeroDivisionError('float division')"), 3,
         r"npu-lifetime bench fake: the benchmark raised ZeroDivisionError: float division \(exit 3\)"),
     Row("bench a benchmark that exits with a message", lambda c: bench_script(c, "raise SystemExit('no GPU')"), 3,
         r"^no GPU\n(.|\n)*the benchmark exited: no GPU"),
 ]
 
-ROWS = SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + CLI_ROWS
+ROWS = SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + CLI_ROWS
 
 
 # -- the state a failed call must leave alone -----------------------------------------------------------------
@@ -520,7 +555,7 @@ _COUNTS_OF_REPORTS = ("findings", "findings_dropped")  # a finding row adds one:
 
 
 def api_state() -> dict:
-    from npu_lifetime.shim import torch_api
+    from npu_lifetime.shim import hooks, torch_api
 
     stats = {k: v for k, v in shim.stats(0).items() if k not in _COUNTS_OF_REPORTS}
     return {
@@ -531,6 +566,7 @@ def api_state() -> dict:
         "record_use routes": (rec._fast, dict(rec._routes)),
         "Tensor.record_use": getattr(torch.Tensor, "record_use", None),
         "fsdp2 patched": fsdp2._active,
+        "shim hook subscribers": hooks.subscribers(),
     }
 
 
