@@ -22,18 +22,25 @@ def sim_shim():
     shim.set_policy("poll")
 
 
-@pytest.fixture(scope="session")
-def fake_acl_library(tmp_path_factory):
-    """allocator_shim/tests/fake_ascendcl.c built with the system C compiler."""
+def compile_c(tmp_path_factory, source: str, name: str, *flags: str):
+    """allocator_shim/tests/SOURCE built warning-free with the system C
+    compiler (the test skips without one); returns the output's path."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler to build the fake ACL library")
-    out = tmp_path_factory.mktemp("acl") / "libfake_ascendcl.so"
-    subprocess.run(
-        [cc, "-std=c11", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-         "allocator_shim/tests/fake_ascendcl.c", "-o", str(out), "-lpthread"],
-        check=True,
-    )
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp(name) / name
+    libraries = [f for f in flags if f.startswith("-l")]  # after the source, for --as-needed linkers
+    options = [f for f in flags if not f.startswith("-l")]
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", *options, f"allocator_shim/tests/{source}",
+                    "-o", str(out), *libraries], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def fake_acl_library(tmp_path_factory):
+    """allocator_shim/tests/fake_ascendcl.c as a shared library."""
+    out = compile_c(tmp_path_factory, "fake_ascendcl.c", "libfake_ascendcl.so", "-shared", "-fPIC",
+                    "-fvisibility=hidden", "-lpthread")
     lib = ctypes.CDLL(str(out))
     lib.fake_acl_calls.restype = ctypes.c_uint64
     lib.fake_acl_calls.argtypes = [ctypes.c_char_p]

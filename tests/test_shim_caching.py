@@ -200,3 +200,26 @@ def test_snapshot_describes_blocks_streams_and_events(sim_shim):
         "held_events": [],
     }
     assert seg["blocks"][1]["state"] == "cached"
+
+
+def test_simulated_streams_wait_on_events_and_fills_land_in_order(sim_shim):
+    # the simulated runtime's model, which the debug-mode tests rely on
+    import ctypes
+
+    sim_shim.set_policy("stream_wait")
+    p = sim_shim.alloc(4096, 0, S1)
+    ctypes.memset(p, 1, 4096)
+    read = sim_shim.sim.launch(S2)  # a kernel on S2 reading p
+    sim_shim.record_use(p, S2)
+    sim_shim.free(p, 4096, 0, S1)
+    q = sim_shim.alloc(4096, 0, S1)  # reused at once: S1 now waits for S2's event
+    assert q == p
+    sim_shim.set_debug(True, 1 << 20)  # from here freed blocks are poisoned on their stream
+    sim_shim.free(q, 4096, 0, S1)
+    sim_shim.sim.complete(S1)  # blocked behind the wait: the fill has not landed
+    assert ctypes.string_at(p, 1) == b"\x01"
+    sim_shim.sim.complete_to(S2, read)  # the reader ran ...
+    sim_shim.sim.complete(S2)  # ... and S2 passed the event
+    sim_shim.sim.complete(S1)
+    assert ctypes.string_at(p, 1) == b"\xff"
+    sim_shim.set_debug(False)

@@ -28,6 +28,8 @@ def test_a_block_freed_without_hand_off_reads_nan_at_once(debug_shim):
     x = debug_shim.alloc(4 * KB, 0, S1)
     ctypes.memmove(x, struct.pack("4f", 1, 2, 3, 4), 16)
     debug_shim.free(x, 4 * KB, 0, S1)  # a reader on S2 still queued: the missing record_use
+    assert floats(x, 1) == (1.0,)  # the fill is queued on S1 ...
+    debug_shim.sim.complete(S1)  # ... and lands as soon as S1 runs on
     assert all(v != v for v in floats(x, 4))  # what the late reader sees: NaN, every run
     assert debug_shim.alloc(4 * KB, 0, S1) != x  # quarantined, not handed to a new owner
 
@@ -37,9 +39,11 @@ def test_a_block_with_pending_events_is_poisoned_only_once_they_fired(debug_shim
     ctypes.memmove(x, struct.pack("f", 7.0), 4)
     debug_shim.record_use(x, S2)
     debug_shim.free(x, 4 * KB, 0, S1)
+    debug_shim.sim.complete(S1)
     assert floats(x, 1) == (7.0,)  # S2 may still read it: not poisoned yet
     debug_shim.sim.complete(S2)
     debug_shim.process_events()
+    debug_shim.sim.complete(S1)
     assert floats(x, 1)[0] != floats(x, 1)[0]
 
 
@@ -49,6 +53,7 @@ def test_a_write_after_the_free_is_reported_with_the_last_owner(debug_shim):
     debug_shim.free(x, 4 * KB, 0, S1)
     debug_shim.sim.complete(S2)
     debug_shim.process_events()  # really free: poisoned and quarantined
+    debug_shim.sim.complete(S1)
     ctypes.memset(x + 100, 0, 8)  # a late kernel of the last owner writes into it
     debug_shim.empty_cache()  # leaves the quarantine: checked
     [f] = [f for f in debug_shim.findings() if f["kind"] == "write_after_free"]

@@ -4,25 +4,19 @@ that exits with the sanitizer's hooks set and blocks still live, and a
 forked child allocating while its parent's threads held the shim's locks."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from conftest import compile_c
 from npu_lifetime.shim import library_path
 
 
 @pytest.fixture(scope="session")
 def hook_stress(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("stress") / "hook_stress"
-    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
-                    "allocator_shim/tests/hook_stress.c", "-o", str(out), "-ldl"], check=True)
-    return out
+    return compile_c(tmp_path_factory, "hook_stress.c", "hook_stress", "-O2", "-pthread", "-ldl")
 
 
 def test_hooks_replaced_while_8_threads_allocate_never_run_stale(hook_stress):
@@ -40,13 +34,7 @@ def _run_python(code: str, timeout: float = 60, env=None):
 
 @pytest.fixture(scope="session")
 def exit_free_library(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("exit") / "libexitfree.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "allocator_shim/tests/exit_free.c",
-                    "-o", str(out)], check=True)
-    return out
+    return compile_c(tmp_path_factory, "exit_free.c", "libexitfree.so", "-shared", "-fPIC")
 
 
 def test_a_free_after_interpreter_exit_with_hooks_set_is_clean(exit_free_library):

@@ -114,8 +114,12 @@ void npl_set_hooks(npl_alloc_hook on_alloc, npl_free_hook on_free, void* ctx);
 
 /* The simulated runtime's controls (no effect under another runtime).
  * Streams are any non-null handle the caller picks. */
-void npl_sim_complete(void* stream);     /* everything queued on `stream` so far finishes */
-void npl_sim_complete_all(void);
+void npl_sim_complete(void* stream);     /* `stream` runs to its end, or to a wait on an unfinished event */
+void npl_sim_complete_to(void* stream, uint64_t position); /* the same, up to `position` */
+uint64_t npl_sim_launch(void* stream);   /* a kernel queued on `stream`; returns its position */
+void* npl_sim_record_event(void* stream);            /* a new event recorded on `stream` */
+void npl_sim_wait_event(void* stream, void* event);  /* `stream` waits for `event` (GPU-side) */
+void npl_sim_complete_all(void);         /* every stream runs to its end */
 void npl_sim_set_capturing(void* stream, int capturing);
 void npl_sim_set_memory_limit(uint64_t bytes); /* 0: unlimited */
 void npl_sim_set_device(int device);            /* the calling thread's current device */

@@ -183,17 +183,26 @@ void CachingAllocator::report(Finding f) {
     findings_.push(std::move(f));
 }
 
+// A finding about block `b` (its address, size, device, stream, owner).
+Finding CachingAllocator::about(const Block* b, const char* kind, const char* op) {
+    Finding f;
+    f.kind = kind;
+    f.op = op;
+    f.address = b->ptr;
+    f.size = static_cast<int64_t>(b->state == BlockState::live ? b->requested : b->size);
+    f.device = b->device;
+    f.alloc_stream = b->stream;
+    f.generation = b->generation;
+    return f;
+}
+
 void CachingAllocator::runtime_error(const char* op, int code, const Block* b, Stream stream) {
     Finding f;
+    if (b != nullptr) f = about(b, "runtime_error", op);
     f.kind = "runtime_error";
     f.op = op;
     f.code = code;
     f.stream = stream;
-    if (b != nullptr) {
-        f.address = b->ptr;
-        f.device = b->device;
-        f.alloc_stream = b->stream;
-    }
     report(std::move(f));
 }
 
@@ -530,15 +539,10 @@ bool CachingAllocator::stale_free(void* ptr, ssize_t size, int device, Stream st
     bool size_ok = size == static_cast<ssize_t>(b->requested);
     (void)device;
     const Address* a = book_.find(ptr);
-    Finding f;
-    f.op = "free";
-    f.address = ptr;
+    Finding f = about(b, "", "free");
     f.size = size;
     f.expected_size = static_cast<int64_t>(b->requested);
-    f.device = b->device;
-    f.alloc_stream = b->stream;
     f.stream = stream;
-    f.generation = b->generation;
     if (a != nullptr && a->freed && static_cast<ssize_t>(a->freed_size) == size && a->freed_stream == stream) {
         f.kind = "double_free";
         f.detail = "a stale free: the address was freed before and now belongs to a new owner "
@@ -609,15 +613,9 @@ void CachingAllocator::finish_free(Block* b) {
                 release_event(u.event, ev_device);
                 continue;
             }
-            Finding f;
-            f.kind = "unrecorded_use";
-            f.op = "free";
-            f.address = b->ptr;
+            Finding f = about(b, "unrecorded_use", "free");
             f.size = static_cast<int64_t>(b->requested);
-            f.device = b->device;
-            f.alloc_stream = b->stream;
             f.stream = u.stream;
-            f.generation = b->generation;
             f.detail = "freed while a use on another stream, neither recorded nor finished, was queued; reuse deferred";
             report(std::move(f));
         }

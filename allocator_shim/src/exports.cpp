@@ -337,6 +337,10 @@ NPL_EXPORT void npl_set_hooks(npl_alloc_hook on_alloc, npl_free_hook on_free, vo
 
 NPL_EXPORT void npl_sim_complete(void* stream) { npl::sim::complete(stream); }
 NPL_EXPORT void npl_sim_complete_all(void) { npl::sim::complete_all(); }
+NPL_EXPORT void npl_sim_complete_to(void* stream, uint64_t position) { npl::sim::complete_to(stream, position); }
+NPL_EXPORT uint64_t npl_sim_launch(void* stream) { return npl::sim::launch(stream); }
+NPL_EXPORT void* npl_sim_record_event(void* stream) { return npl::sim::record_event(stream); }
+NPL_EXPORT void npl_sim_wait_event(void* stream, void* event) { npl::sim::wait_event(stream, event); }
 NPL_EXPORT void npl_sim_set_capturing(void* stream, int capturing) { npl::sim::set_capturing(stream, capturing != 0); }
 NPL_EXPORT void npl_sim_set_memory_limit(uint64_t bytes) { npl::sim::set_memory_limit(bytes); }
 NPL_EXPORT void npl_sim_set_device(int device) { npl::sim::set_device(device); }

@@ -82,14 +82,7 @@ void CachingAllocator::check_poison(Block* b) {
     }
     if (dirty == 0) return;
     dstats(b->device).count(CounterId::poison_violations);
-    Finding f;
-    f.kind = "write_after_free";
-    f.op = "quarantine_check";
-    f.address = b->ptr;
-    f.size = static_cast<int64_t>(b->size);
-    f.device = b->device;
-    f.alloc_stream = b->stream;
-    f.generation = b->generation;
+    Finding f = about(b, "write_after_free", "quarantine_check");
     for (Stream s : b->last_streams) f.streams.push_back(s);
     f.detail = std::to_string(dirty) + " byte(s) written after the free, the first at offset " +
                std::to_string(first_dirty) + ": a kernel of the last owner (generation " +

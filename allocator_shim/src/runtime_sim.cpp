@@ -1,13 +1,19 @@
 // A simulated device runtime on host memory.  Streams are any non-null
-// handle; work never runs by itself: an event completes when the test says
-// the stream it was recorded on has progressed past it (sim::complete).
+// handle; work never runs by itself.  Each stream is a FIFO of positions:
+// event records, kernels (sim::launch), waits on another stream's event, and
+// fills (memset).  A stream runs when the test says so (sim::complete): up
+// to its end, or to the first wait whose event has not completed; a fill
+// lands on host memory when its stream runs past it.  The host waiting
+// (event/stream synchronize) runs whatever that needs, as a device would.
 #include "runtime_sim.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace npl {
 
@@ -19,11 +25,26 @@ constexpr size_t kDefaultTotal = size_t(64) << 30;  // what memory_total reports
 
 thread_local int current_device = 0;
 
+struct Wait {
+    uint64_t position;  // in the waiting stream
+    Stream on;          // the event's stream, and its position there
+    uint64_t until;
+};
+
+struct Fill {
+    uint64_t position;
+    void* ptr;
+    int byte;
+    size_t size;
+};
+
 struct SimStream {
     uint64_t queued = 0;     // operations queued so far
     uint64_t completed = 0;  // operations finished so far
     uint64_t waits = 0;
     bool capturing = false;
+    std::vector<Wait> pending_waits;  // not yet passed, in order
+    std::vector<Fill> pending_fills;
 };
 
 struct SimEvent {
@@ -43,6 +64,30 @@ struct State {
 State& state() {
     static State* s = new State();  // never destroyed: safe during exit
     return *s;
+}
+
+// Runs `st` up to `target`, stopping before a wait on an event not yet
+// complete (`run_dependencies`: run that stream first, as the host waiting
+// on the device would make happen).  Fills passed land.
+void advance(State& s, SimStream& st, uint64_t target, bool run_dependencies) {
+    target = std::min(target, st.queued);
+    while (st.completed < target) {
+        uint64_t stop = target;
+        auto wait = st.pending_waits.begin();
+        if (wait != st.pending_waits.end() && wait->position <= target) {
+            SimStream& on = s.streams[wait->on];
+            if (on.completed < wait->until && run_dependencies) advance(s, on, wait->until, true);
+            stop = on.completed >= wait->until ? wait->position : wait->position - 1;
+        }
+        if (stop <= st.completed) break;  // blocked by the wait
+        st.completed = stop;
+        if (wait != st.pending_waits.end() && wait->position <= stop) st.pending_waits.erase(wait);
+        auto fill = st.pending_fills.begin();
+        for (; fill != st.pending_fills.end() && fill->position <= st.completed; ++fill) {
+            std::memset(fill->ptr, fill->byte, fill->size);
+        }
+        st.pending_fills.erase(st.pending_fills.begin(), fill);
+    }
 }
 
 Status result(int code, int* out) {
@@ -120,8 +165,7 @@ Status sim_event_sync(Event event, int* code) {
     auto* e = static_cast<SimEvent*>(event);
     if (s.events.count(e) == 0) return result(kInvalid, code);
     if (e->stream != nullptr) {
-        SimStream& st = s.streams[e->stream];
-        if (st.completed < e->position) st.completed = e->position;
+        advance(s, s.streams[e->stream], e->position, true);
         s.event_syncs++;
     }
     return result(kOk, code);
@@ -131,7 +175,7 @@ Status sim_stream_sync(Stream stream, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     SimStream& st = s.streams[stream];
-    st.completed = st.queued;
+    advance(s, st, st.queued, true);
     return result(kOk, code);
 }
 
@@ -142,9 +186,13 @@ Status sim_current_device(int* device, int* code) {
     return result(kOk, code);
 }
 
-// Host memory: the fill happens now (simulated streams run nothing).
-Status sim_memset(void* ptr, int byte, size_t size, Stream, int* code) {
-    std::memset(ptr, byte, size);
+// Host memory: the fill lands when its stream runs past it.
+Status sim_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    SimStream& st = s.streams[stream];
+    st.pending_fills.push_back(Fill{++st.queued, ptr, byte, size});
+    advance(s, st, st.completed, false);
     return result(kOk, code);
 }
 
@@ -163,8 +211,14 @@ Status sim_memory_total(int, size_t* total, int* code) {
 Status sim_stream_wait(Stream stream, Event event, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
-    if (stream == nullptr || s.events.count(static_cast<SimEvent*>(event)) == 0) return result(kInvalid, code);
-    s.streams[stream].waits++;
+    auto* e = static_cast<SimEvent*>(event);
+    if (stream == nullptr || s.events.count(e) == 0) return result(kInvalid, code);
+    SimStream& st = s.streams[stream];
+    st.waits++;
+    uint64_t position = ++st.queued;
+    if (e->stream != nullptr && s.streams[e->stream].completed < e->position) {
+        st.pending_waits.push_back(Wait{position, e->stream, e->position});
+    }
     return result(kOk, code);
 }
 
@@ -191,13 +245,37 @@ void complete(Stream stream) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     SimStream& st = s.streams[stream];
-    st.completed = st.queued;
+    advance(s, st, st.queued, false);
+}
+
+void complete_to(Stream stream, uint64_t position) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    advance(s, s.streams[stream], position, false);
+}
+
+Event record_event(Stream stream) {
+    Event e = nullptr;
+    int code = 0;
+    if (sim_event_create(&e, 0, &code) != Status::ok || sim_event_record(e, stream, &code) != Status::ok) return nullptr;
+    return e;
+}
+
+void wait_event(Stream stream, Event event) {
+    int code = 0;
+    sim_stream_wait(stream, event, &code);
+}
+
+uint64_t launch(Stream stream) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    return ++s.streams[stream].queued;
 }
 
 void complete_all() {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
-    for (auto& entry : s.streams) entry.second.completed = entry.second.queued;
+    for (auto& entry : s.streams) advance(s, entry.second, entry.second.queued, true);
 }
 
 void set_capturing(Stream stream, bool capturing) {
@@ -241,6 +319,8 @@ void reset_streams() {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     s.streams.clear();
+    for (SimEvent* e : s.events) delete e;  // a test's own events (npl_sim_record_event) go too
+    s.events.clear();
     s.event_syncs = 0;
 }
 

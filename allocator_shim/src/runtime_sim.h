@@ -7,7 +7,11 @@
 
 namespace npl::sim {
 
-void complete(Stream stream);  // everything queued on `stream` so far finishes
+void complete(Stream stream);  // `stream` runs: to its end, or to a wait on an event not yet complete
+void complete_to(Stream stream, uint64_t position);  // the same, up to `position` at most
+uint64_t launch(Stream stream);                      // a kernel queued on `stream`: its position
+Event record_event(Stream stream);                   // a new event recorded on `stream` (a test's own)
+void wait_event(Stream stream, Event event);         // `stream` waits for `event`
 void complete_all();
 void set_capturing(Stream stream, bool capturing);
 void set_memory_limit(uint64_t bytes);  // 0: unlimited
@@ -17,6 +21,6 @@ uint64_t event_syncs();        // host waits on events (event_synchronize)
 void set_device(int device);   // the calling thread's current device
 void lock_for_fork();          // pthread_atfork: hold the state's lock across fork()
 void unlock_after_fork();
-void reset_streams();  // forget every stream's progress, waits and capture state
+void reset_streams();  // forget every stream's progress, waits and capture state, and every event
 
 }  // namespace npl::sim

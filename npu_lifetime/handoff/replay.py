@@ -11,12 +11,12 @@ it delays the real free.
 """
 from __future__ import annotations
 
-import contextlib
 import weakref
 from dataclasses import dataclass
 
 from ..schedules import (Alloc, Free, Read, RecordEvent, RecordStream, RecordUse, Schedule, WaitEvent,
                          WaitStream, Write, delay_stream, execute)
+from .hook_device import HookDevice
 
 OWNER, CONSUMER = 1, 0  # stream 0 is the default (compute) stream, as in the harness
 _ADDRESS = 0
@@ -50,7 +50,7 @@ class _Buffer:
         weakref.finalize(self, device.steps.append, Free(tensor))
 
 
-class _ScheduleDevice:
+class _ScheduleDevice(HookDevice):
     """The device API the hand-offs use (``Event``, ``stream``,
     ``current_stream``, ``record_use``, ``record_stream``)."""
 
@@ -62,17 +62,6 @@ class _ScheduleDevice:
 
     def Event(self) -> _Event:  # noqa: N802  (the device modules' name)
         return _Event(self)
-
-    def current_stream(self) -> _Stream:
-        return self._current
-
-    @contextlib.contextmanager
-    def stream(self, s: _Stream):
-        previous, self._current = self._current, s
-        try:
-            yield
-        finally:
-            self._current = previous
 
     def record_use(self, buf: _Buffer, stream: _Stream) -> None:
         self.steps.append(RecordUse(buf.tensor, stream.index))

@@ -30,6 +30,8 @@ COLUMNS = (
     "outputs: the run's outputs compared with the recipe's (same / DIFFER)",
     "late read: the same hooks replayed on the simulated executor with the consumer delayed "
     "(corrupts = the last read sees the next owner's data)",
+    "debug: the same hooks on the shim's simulated runtime in debug mode, the last read running after the "
+    "free (poison = it reads NaN, on every run; data = it reads its data)",
     "verdict: ok when the row behaves as its kind must; the note says why",
 )
 
@@ -44,6 +46,7 @@ class Row:
     step_ms: Optional[float]
     same_outputs: bool
     corrupts: bool
+    debug_read: str  # what the late read saw in debug mode (poison.py), "-" off the simulated device
     ok: bool
     note: str
 
@@ -59,8 +62,11 @@ def _kind(cls) -> str:
     return "correct" if cls in CORRECT else "safe by design" if cls is BrokenEventTooLate else "broken"
 
 
-def _judge(kind: str, findings: list, same: bool, corrupts: bool) -> tuple:
+def _judge(kind: str, findings: list, same: bool, corrupts: bool, debug_read: str = "-") -> tuple:
     """(ok, note) for one run of a hand-off of ``kind``."""
+    poisoned = debug_read == "poison"
+    if debug_read != "-" and poisoned != (kind == "broken"):
+        return False, "debug mode read the wrong thing" if poisoned else "debug mode did not poison a broken hand-off"
     if kind == "correct":
         ok = not findings and same and not corrupts
         return ok, "clean, same outputs, late read safe" if ok else "a correct hand-off misbehaved"
@@ -76,10 +82,16 @@ def _judge(kind: str, findings: list, same: bool, corrupts: bool) -> tuple:
 
 def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1) -> tuple:
     """Returns (rows, ok): ok when every row behaves as its kind must."""
+    from .poison import late_read
+
     check_arguments(device, Handoff, layers=layers, width=width, steps=steps)
     rows, reference = [], None
     for cls in CORRECT + BROKEN:
         corrupts, kind = replay(cls).corrupted, _kind(cls)
+        debug_read = "-"
+        if device.name == "sim":
+            shim.reset()
+            debug_read = late_read(cls).saw
         for policy in _policies(cls):
             if device.name == "sim":
                 shim.reset()
@@ -88,21 +100,21 @@ def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1) -> t
             r = run_handoff(device, cls, layers=layers, width=width, steps=steps)
             reference = reference or r.outputs
             same = all(torch.equal(a, b) for a, b in zip(r.outputs, reference))
-            ok, note = _judge(kind, r.finding_kinds, same, corrupts)
+            ok, note = _judge(kind, r.finding_kinds, same, corrupts, debug_read)
             rows.append(Row(kind, r.handoff, policy, r.finding_kinds, r.peak_active_bytes, r.step_median_ms, same,
-                            corrupts, ok, note))
+                            corrupts, debug_read, ok, note))
     return rows, all(row.ok for row in rows)
 
 
 def format_table(rows: list) -> str:
     head = (f"{'hand-off':<46} {'policy':<11} {'findings':<15} {'peak KiB':>8} {'step ms':>8} {'outputs':>7} "
-            f"{'late read':>9}  verdict")
+            f"{'late read':>9} {'debug':>6}  verdict")
     lines = [head]
     for r in rows:
         step = f"{r.step_ms:8.2f}" if r.step_ms is not None else f"{'-':>8}"
         lines.append(
             f"{r.handoff:<46} {r.policy:<11} {', '.join(r.findings) or '-':<15} {r.peak_bytes / 1024:>8.0f} {step} "
-            f"{'same' if r.same_outputs else 'DIFFER':>7} {'corrupts' if r.corrupts else 'safe':>9}  "
+            f"{'same' if r.same_outputs else 'DIFFER':>7} {'corrupts' if r.corrupts else 'safe':>9} {r.debug_read:>6}  "
             f"{'ok' if r.ok else 'UNEXPECTED'}: {r.note}"
         )
     return "\n".join(lines)
@@ -117,6 +129,8 @@ def summary(rows: list) -> str:
     by_design = [r.handoff for r in rows if r.kind == "safe by design"]
     text = (f"as expected: {correct} correct hand-offs clean with the recipe's outputs; {caught} broken ones "
             "reported by the sanitizer and corrupted on the executor")
+    if any(r.debug_read == "poison" for r in rows):
+        text += "; in debug mode the broken ones read NaN on every run"
     if by_design:
         text += f"; '{by_design[0]}' has no finding because it is safe (it only waits longer than needed)"
     return text

@@ -265,7 +265,27 @@ class sim:
 
     @staticmethod
     def complete(stream: int) -> None:
+        """``stream`` runs: to its end, or to a wait on an event not yet complete."""
         library().npl_sim_complete(check.stream(stream))
+
+    @staticmethod
+    def complete_to(stream: int, position: int) -> None:
+        library().npl_sim_complete_to(check.stream(stream), check.count(position, "position"))
+
+    @staticmethod
+    def launch(stream: int) -> int:
+        """A kernel queued on ``stream``; returns its position."""
+        return library().npl_sim_launch(check.stream(stream))
+
+    @staticmethod
+    def record_event(stream: int) -> int:
+        """A new event recorded on ``stream`` (its handle)."""
+        return library().npl_sim_record_event(check.stream(stream)) or 0
+
+    @staticmethod
+    def wait_event(stream: int, event: int) -> None:
+        """``stream`` waits GPU-side for ``event``."""
+        library().npl_sim_wait_event(check.stream(stream), check.address(event, "event"))
 
     @staticmethod
     def complete_all() -> None:
