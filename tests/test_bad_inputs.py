@@ -303,6 +303,12 @@ SHIM_ROWS = [
     Row("sim.set_capturing str", lambda c: shim.sim.set_capturing(S1, "yes"), TypeError,
         r"capturing must be True or False"),
     Row("sim.stream_waits None", lambda c: shim.sim.stream_waits(None), TypeError, r"stream must be a stream handle"),
+    Row("sim.complete_to negative", lambda c: shim.sim.complete_to(S1, -1), ValueError,
+        r"position must be an int in \[0, 2\*\*64\), not -1"),
+    Row("sim.launch str", lambda c: shim.sim.launch("s1"), TypeError, r"stream must be a stream handle"),
+    Row("sim.record_event None", lambda c: shim.sim.record_event(None), TypeError, r"stream must be a stream handle"),
+    Row("sim.wait_event event None", lambda c: shim.sim.wait_event(S1, None), TypeError,
+        r"event must be an event handle \(an int, from sim\.record_event\), not NoneType"),
 ]
 
 RECORDING_ROWS = [

@@ -285,7 +285,7 @@ class sim:
     @staticmethod
     def wait_event(stream: int, event: int) -> None:
         """``stream`` waits GPU-side for ``event``."""
-        library().npl_sim_wait_event(check.stream(stream), check.address(event, "event"))
+        library().npl_sim_wait_event(check.stream(stream), check.address(event, "event", "an event handle (an int, from sim.record_event)"))
 
     @staticmethod
     def complete_all() -> None:

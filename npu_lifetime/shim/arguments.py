@@ -27,9 +27,9 @@ def _whole(value, name: str, what: str) -> int:
         raise TypeError(f"{name} must be {what}, not {type(value).__name__} {value!r}") from None
 
 
-def address(value, name: str = "ptr") -> int:
-    """A device address: an int in [0, 2**64)."""
-    what = "an address (an int, e.g. tensor.untyped_storage().data_ptr())"
+def address(value, name: str = "ptr",
+            what: str = "an address (an int, e.g. tensor.untyped_storage().data_ptr())") -> int:
+    """A device address (or another handle the C ABI takes as a pointer): an int in [0, 2**64)."""
     value = _whole(value, name, what)
     if not 0 <= value < _U64:
         raise ValueError(f"{name} must be {what} in [0, 2**64), not {value}")
