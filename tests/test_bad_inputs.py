@@ -18,12 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
-
-import subprocess
-import sys
 
 import pytest
 import torch
