@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 from functools import lru_cache
 from typing import Optional, Tuple
 
@@ -285,7 +284,8 @@ class sim:
     @staticmethod
     def wait_event(stream: int, event: int) -> None:
         """``stream`` waits GPU-side for ``event``."""
-        library().npl_sim_wait_event(check.stream(stream), check.address(event, "event", "an event handle (an int, from sim.record_event)"))
+        event = check.address(event, "event", "an event handle (an int, from sim.record_event)")
+        library().npl_sim_wait_event(check.stream(stream), event)
 
     @staticmethod
     def complete_all() -> None:
