@@ -179,7 +179,7 @@ def test_a_script_imports_modules_beside_it_as_under_python(tmp_path, capsys, si
     path = script(tmp_path, "import helper_beside\nprint('value', helper_beside.VALUE + 1)\n")
     out_dir = tmp_path / "pictures"
     out_dir.mkdir()
-    assert main(["snapshot", "--out", str(out_dir), path]) == 0
+    assert main(["snapshot", "--device", "sim", "--out", str(out_dir), path]) == 0
     assert "value 42" in capsys.readouterr().out
     # --out naming a directory writes the default names into it
     assert (out_dir / "prog.snapshot.pickle").exists() and (out_dir / "prog.snapshot.html").exists()
