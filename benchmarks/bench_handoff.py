@@ -80,6 +80,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    for name in ('width', 'layers', 'steps', 'rounds'):  # each a count: 0 or less measures nothing
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.child:
         child(args.width, args.layers, args.steps)
         return
@@ -89,12 +92,13 @@ def main() -> None:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "sim"
     elif device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench handoff: --device cuda needs a CUDA GPU and none is available; use --device sim")
+        parser.error("--device cuda needs a CUDA GPU and this machine has none; use --device sim")
     if device == "sim":
         print("no CUDA device: the simulated device (peak from the shim's simulated runtime, scripted consumer "
               "lag; step times are host times)" if args.device == "auto" else "the simulated device")
-        if args.width > 512:
-            args.width = 64  # host memory and host time: the pattern, not the size, is what the sim shows
+        if args.width > 512:  # host memory and host time: the pattern, not the size, is what the sim shows
+            print(f"--width {args.width} is more than the simulated device needs: 64 used")
+            args.width = 64
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     samples: dict = {}
     for r in range(args.rounds):

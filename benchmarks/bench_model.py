@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    for name in ('streams', 'rounds', 'repeats'):  # each a count: 0 or less measures nothing
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     runs = []
     for _ in range(args.repeats):
         model = LifetimeModel()

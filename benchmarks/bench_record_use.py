@@ -134,6 +134,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--child", choices=sorted(CHILDREN))
     args = parser.parse_args()
+    for name in ('calls', 'rounds'):  # each a count: 0 or less measures nothing
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.child:
         print(json.dumps(CHILDREN[args.child](args.calls, args.rounds)))
         return
@@ -145,7 +148,7 @@ def main() -> None:
         if device == "sim":
             print("no CUDA device here: measuring on the simulated device (Python overhead only)")
     elif device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench record_use: --device cuda needs a CUDA GPU; use --device sim")
+        parser.error("--device cuda needs a CUDA GPU and this machine has none; use --device sim")
     if device == "sim":
         results = [sim(args.calls, args.rounds)]
     else:

@@ -139,6 +139,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--skip-torch", action="store_true", help="only the C-level pairs")
     args = parser.parse_args()
+    for name in ('rounds', 'iters', 'repeats'):  # each a count: 0 or less measures nothing
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.child:
         child(args.child, args.iters, args.repeats)
         return

@@ -7,6 +7,16 @@ import sys
 import warnings
 from typing import Optional
 
+# The exit codes of every command (sanitizer/runner.py's EXIT_* for check are the same numbers).
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_SCRIPT_FAILED = 0, 1, 2, 3
+EXIT_CODES = """exit codes (every command):
+  0  done: no findings, every verdict as expected
+  1  a finding (check), a disagreement (fuzz), a hand-off row not behaving as its kind must (handoff)
+  2  bad input: an unknown option or value, a missing or unwritable file, a device this machine lacks
+     (nothing was run)
+  3  the script (check, snapshot) or the benchmark (bench) failed: it raised or exited non-zero;
+     how it ended is printed last"""
+
 
 def _fuzz(args: argparse.Namespace) -> int:
     from .fuzz import FuzzConfig, fuzz
@@ -56,31 +66,72 @@ SNAPSHOT_LEGEND = (
 def _snapshot(args: argparse.Namespace) -> int:
     import json
 
-    from .sanitizer.runner import EXIT_CLEAN, EXIT_SCRIPT_FAILED, EXIT_USAGE, resolve_device
+    from .sanitizer.runner import resolve_device
     from .viz.snapshot import SnapshotError, run_demo, run_script, write_pictures
 
-    if args.demo == bool(args.script):
-        print("npu-lifetime snapshot: give a script to run, or --demo (not both)", file=sys.stderr)
-        return EXIT_USAGE
     try:
+        _check_snapshot_options(args)
+        prefix = None if args.no_files else _output_prefix(args.out, args.script)
         if args.demo:
             outcome = run_demo(args.trace_capacity)
         else:
+            _note_options_for_the_script(args.args, args.own_options)
             outcome = run_script(args.script, args.args, resolve_device(args.device), args.policy, args.sanitize,
                                  args.trace_capacity)
     except SnapshotError as err:
         print(f"npu-lifetime snapshot: {err}", file=sys.stderr)
         return EXIT_USAGE
     rec = outcome.recording
-    prefix = args.out or _default_prefix(args.script)
-    if not args.no_files:
-        write_pictures(outcome, prefix, args.max_events)
+    if prefix is not None:
+        try:
+            write_pictures(outcome, prefix, args.max_events)
+        except OSError as err:
+            print(f"npu-lifetime snapshot: cannot write the pictures ({err}); give --out PREFIX somewhere writable",
+                  file=sys.stderr)
+            return EXIT_USAGE
     if args.json:
         print(json.dumps({"stats": rec.stats, "snapshot": rec.snapshot, "trace": rec.events,
                           "shim_findings": rec.shim_findings, "notes": rec.notes}, indent=2))
     else:
         _print_snapshot(rec, outcome)
-    return EXIT_SCRIPT_FAILED if outcome.script_failed else EXIT_CLEAN
+    if outcome.script_failed:
+        print(f"npu-lifetime snapshot: the script {outcome.script_ending}; what it did until then is shown "
+              f"(exit {EXIT_SCRIPT_FAILED})", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
+    return EXIT_OK
+
+
+def _check_snapshot_options(args: argparse.Namespace) -> None:
+    from .viz.snapshot import SnapshotError
+
+    if args.demo == bool(args.script):
+        raise SnapshotError("give a script to run, or --demo (not both)")
+    if args.demo:
+        for option, given in (("--device", args.device != "auto"), ("--policy", args.policy != "poll"),
+                              ("--sanitize", args.sanitize)):
+            if given:
+                raise SnapshotError(f"{option} is for a script; --demo always runs its hand-off on the simulated "
+                                    "runtime (drop one of them)")
+    if args.out is not None and args.no_files:
+        raise SnapshotError("--out names files to write and --no-files writes none: drop one of them")
+
+
+def _output_prefix(out: Optional[str], script: Optional[str]) -> str:
+    """Where the pictures go, checked before anything runs: PREFIX, or a
+    directory to write the default names into."""
+    from .viz.snapshot import SnapshotError
+
+    prefix = out or _default_prefix(script)
+    if os.path.isdir(prefix):
+        prefix = os.path.join(prefix, os.path.basename(_default_prefix(script)))
+    parent = os.path.dirname(os.path.abspath(prefix))
+    if not os.path.isdir(parent):
+        raise SnapshotError(f"cannot write {prefix}.pickle: no directory {parent}; give --out PREFIX in an "
+                            "existing directory")
+    if not os.access(parent, os.W_OK):
+        raise SnapshotError(f"cannot write {prefix}.pickle: {parent} is not writable; give --out PREFIX in a "
+                            "writable directory")
+    return prefix
 
 
 def _default_prefix(script: Optional[str]) -> str:
@@ -91,6 +142,15 @@ def _default_prefix(script: Optional[str]) -> str:
     return os.path.splitext(script)[0] + ".snapshot"
 
 
+def _note_options_for_the_script(script_args: list, own_options: tuple) -> None:
+    """Everything after the script is the script's (as with python); say so
+    when one of those looks like ours."""
+    ours = [a.split("=")[0] for a in script_args if a.split("=")[0] in own_options]
+    if ours:
+        print(f"npu-lifetime snapshot: note: {', '.join(ours)} after the script are passed to the script (its "
+              "sys.argv); put npu-lifetime's own options before the script", file=sys.stderr)
+
+
 def _print_snapshot(rec, outcome) -> None:
     from .viz.snapshot import stats_line
 
@@ -99,7 +159,8 @@ def _print_snapshot(rec, outcome) -> None:
     print(stats_line(stats))
     print(SNAPSHOT_LEGEND)
     for seg in snap["segments"]:
-        print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} ({seg['pool']})")
+        print(f"segment {seg['address']:#x} {seg['size']} B device {seg['device']} stream {seg['stream']:#x} "
+              f"({seg['pool']})")
         for b in seg["blocks"]:
             extra = ""
             if b["recorded_streams"]:
@@ -123,32 +184,58 @@ def _print_snapshot(rec, outcome) -> None:
 def _handoff(args: argparse.Namespace) -> int:
     import torch
 
-    from .handoff import CudaHandoffDevice, SimHandoffDevice
-    from .handoff import table
+    from .handoff import CudaHandoffDevice, SimHandoffDevice, table
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("npu-lifetime handoff: --device cuda needs a CUDA GPU and none is available; "
               "use --device sim (the default) on this machine", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.fsdp2 == "yes" and torch.cuda.device_count() < 2:
         print(f"npu-lifetime handoff: --fsdp2 yes needs 2 CUDA GPUs (found {torch.cuda.device_count()})",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if args.device == "sim" and _handoff_bytes(args) > _host_memory_bytes():
+        print(f"npu-lifetime handoff: --width {args.width} and --layers {args.layers} need about "
+              f"{_handoff_bytes(args) / 2 ** 30:,.1f} GiB of host memory on --device sim; this machine has "
+              f"{_host_memory_bytes() / 2 ** 30:,.1f} GiB: use a smaller --width or fewer --layers", file=sys.stderr)
+        return EXIT_USAGE
     if args.device == "cuda":
-        from .shim.install import install
+        from .shim.install import InstallError, install
 
-        install("cuda")
+        try:
+            install("cuda")
+        except InstallError as err:
+            print(f"npu-lifetime handoff: --device cuda: {err}", file=sys.stderr)
+            return EXIT_USAGE
         device = CudaHandoffDevice()
     else:
         device = SimHandoffDevice()
-    rows, ok = table.handoff_table(device, layers=args.layers, width=args.width, steps=args.steps)
+    try:
+        rows, ok = table.handoff_table(device, layers=args.layers, width=args.width, steps=args.steps)
+    except (MemoryError, RuntimeError) as err:
+        if not isinstance(err, MemoryError) and "allocate" not in str(err) and "out of memory" not in str(err):
+            raise
+        print(f"npu-lifetime handoff: out of memory with --width {args.width} (each buffer {args.width}x"
+              f"{args.width} fp32, {4 * args.width ** 2 / 2 ** 20:,.1f} MiB) and --layers {args.layers}: use a "
+              "smaller --width or fewer --layers", file=sys.stderr)
+        return EXIT_USAGE
     print(f"FSDP-style hand-off, {args.layers} layers, {args.width}x{args.width} buffers, device {device.name}, "
           "under the lifetime sanitizer")
     print("\n".join("  " + c for c in table.COLUMNS))
     print(table.format_table(rows))
     print(table.summary(rows))
     fsdp2_ok = _handoff_fsdp2(args)
-    return 0 if ok and fsdp2_ok else 1
+    return EXIT_OK if ok and fsdp2_ok else EXIT_FINDINGS
+
+
+def _handoff_bytes(args: argparse.Namespace) -> int:
+    """About what the harness holds at once: a shard per layer, the
+    activations, the reduced gradient and two buffers in flight (fp32)."""
+    return (args.layers + 4) * 4 * args.width ** 2
+
+
+def _host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _handoff_fsdp2(args: argparse.Namespace) -> bool:
@@ -176,7 +263,6 @@ def _handoff_fsdp2(args: argparse.Namespace) -> bool:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import runpy
     from pathlib import Path
 
     scripts = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -187,18 +273,27 @@ def _bench(args: argparse.Namespace) -> int:
         if not available:
             print("npu-lifetime: no benchmarks/ here (they ship with a repository checkout, not a wheel)",
                   file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         out = sys.stdout if args.name is None else sys.stderr
         print("benchmarks (npu-lifetime bench NAME [--help]):", file=out)
         for name, path in available.items():
             print(f"  {name:<12} {_summary(path)}", file=out)
-        return 0 if args.name is None else 2
-    sys.argv = [str(available[args.name]), *args.args]
-    try:
-        runpy.run_path(str(available[args.name]), run_name="__main__")
-    except SystemExit as exit_:  # argparse errors and the script's own exits
-        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    return 0
+        return EXIT_OK if args.name is None else EXIT_USAGE
+    return _run_benchmark(args.name, str(available[args.name]), args.args)
+
+
+def _run_benchmark(name: str, path: str, argv: list) -> int:
+    """A benchmark's own argument errors (argparse: 2) pass through; any other
+    failure is exit 3 with one line saying how it ended."""
+    from . import user_script
+
+    ending = user_script.run(path, argv)
+    if not ending.failed:
+        return EXIT_OK
+    if ending.how == f"exited with status {EXIT_USAGE}":
+        return EXIT_USAGE
+    print(f"npu-lifetime bench {name}: the benchmark {ending.how} (exit {EXIT_SCRIPT_FAILED})", file=sys.stderr)
+    return EXIT_SCRIPT_FAILED
 
 
 def _summary(path) -> str:
@@ -212,12 +307,15 @@ def _summary(path) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .shim.api import POLICIES
 
     parser = argparse.ArgumentParser(
         prog="npu-lifetime",
         description="Cross-stream lifetime checking for PyTorch (CUDA, Ascend NPU, simulated).",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"npu-lifetime {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("fuzz", help="check the lifetime model against its oracle on random schedules")
@@ -247,48 +345,80 @@ def _parser() -> argparse.ArgumentParser:
         "snapshot", help="run a script with the shim recording; write a memory-viewer pickle and an HTML timeline",
         description="Runs SCRIPT with the allocator shim recording its trace, prints the blocks at the end, and "
                     "writes PREFIX.pickle (PyTorch's memory viewer format) and PREFIX.html (a timeline of block "
-                    "lives per stream). Exit 0, 2 on bad input, 3 if the script failed (the pictures are still "
-                    "written).")
+                    "lives per stream). Options go before SCRIPT; what follows SCRIPT is the script's own "
+                    "arguments. If the script fails the pictures are still written.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--policy", default="poll", choices=sorted(POLICIES))
     p.add_argument("--demo", action="store_true", help="run a built-in hand-off on the simulated runtime instead")
     p.add_argument("--sanitize", action="store_true", help="also run the lifetime sanitizer; its findings are drawn")
-    p.add_argument("--out", metavar="PREFIX", help="where to write (default: beside the script, SCRIPT.snapshot.*)")
+    p.add_argument("--out", metavar="PREFIX", help="where to write PREFIX.pickle and PREFIX.html, or a directory "
+                                                   "to write them into (default: beside the script, "
+                                                   "SCRIPT.snapshot.*)")
     p.add_argument("--no-files", action="store_true", help="print only; write no pickle or HTML")
-    p.add_argument("--trace-capacity", type=int, default=1 << 20, help="events the shim keeps (default 1048576)")
-    p.add_argument("--max-events", type=int, default=4000, help="trace events drawn in the timeline (the latest)")
+    p.add_argument("--trace-capacity", type=_at_least_one, default=1 << 20,
+                   help="events the shim keeps (default 1048576)")
+    p.add_argument("--max-events", type=_at_least_one, default=4000,
+                   help="trace events drawn in the timeline (the latest)")
     p.add_argument("--json", action="store_true", help="print the state and trace as JSON instead of text")
     p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(run=_snapshot)
+    p.set_defaults(run=_snapshot, own_options=_option_strings(p))
 
     p = sub.add_parser("handoff", help="run the FSDP-style hand-off harness (recipe vs record_use vs record_stream), "
-                                       "and torch's FSDP2 migrated to record_use on 2 GPUs")
+                                       "and torch's FSDP2 migrated to record_use on 2 GPUs",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="sim", choices=["sim", "cuda"])
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--layers", type=_at_least_one, default=6)
+    p.add_argument("--width", type=_at_least_one, default=64)
+    p.add_argument("--steps", type=_at_least_one, default=1)
     p.add_argument("--fsdp2", default="auto", choices=["auto", "yes", "no"],
                    help="also run torch's FSDP2 shipped vs migrated (auto: when 2 CUDA GPUs are present)")
     p.set_defaults(run=_handoff)
 
-    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (no NAME: list them)")
+    p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (no NAME: list them)",
+                       description="Runs benchmarks/bench_NAME.py with ARGS (npu-lifetime bench NAME --help: its "
+                                   "options).", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_bench)
     return parser
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> tuple:
+    # argparse has no public list of a parser's options; its actions hold them
+    return tuple(option for action in parser._actions for option in action.option_strings)
+
+
 def main(argv: Optional[list] = None) -> int:
     # a CPU torch without numpy says so at import; it is not ours to report
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    args = _parser().parse_args(argv)
-    for name in ("schedules", "jobs", "max_steps", "max_streams", "trace_capacity", "max_events", "layers", "width",
-                 "steps"):
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse: --help, --version (0) and bad options (2, its message printed)
+        return exit_.code
+    for name in ("schedules", "jobs", "max_steps", "max_streams"):  # fuzz's
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
-            return 2
-    return args.run(args)
+            return EXIT_USAGE
+    from .shim.native import ShimNotBuilt
+
+    try:
+        return args.run(args)
+    except ShimNotBuilt as err:  # every command but bench and fuzz needs the shim
+        print(f"npu-lifetime {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

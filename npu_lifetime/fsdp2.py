@@ -212,6 +212,12 @@ class Instrument:
     before_last_read: Optional[Callable] = None  # (kind, consumer stream), before the last read is queued
     after_drop: Optional[Callable] = None  # (kind, nbytes, address, device, producer stream), once FSDP2 let go
 
+    def __post_init__(self) -> None:
+        for name in ("before_last_read", "after_drop"):
+            hook = getattr(self, name)
+            if hook is not None and not callable(hook):
+                raise TypeError(f"Instrument.{name} must be a function or None, not {type(hook).__name__} {hook!r}")
+
 
 @dataclass
 class Handoffs:
@@ -230,8 +236,11 @@ class Handoffs:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
+        if not isinstance(self.instrument, Instrument):
+            raise TypeError(f"instrument must be an npu_lifetime.fsdp2.Instrument, not "
+                            f"{type(self.instrument).__name__} {self.instrument!r}")
         if _active is not None:
-            raise RuntimeError(f"FSDP2's hand-offs are already patched ({_active.mode}); disable that first")
+            raise RuntimeError(_already_patched())
         self.profile = check_version()
         self._tls = threading.local()
         self._saved: list = []
@@ -360,7 +369,7 @@ class Handoffs:
         if self._saved:
             return self
         if _active is not None:
-            raise RuntimeError(f"FSDP2's hand-offs are already patched ({_active.mode}); disable that first")
+            raise RuntimeError(_already_patched())
         modules = _modules()
         group_module = modules["_fsdp_param_group"]
         group_class = group_module.FSDPParamGroup
@@ -402,6 +411,11 @@ class Handoffs:
 _active: Optional[Handoffs] = None
 
 
+def _already_patched() -> str:
+    return (f"FSDP2's hand-offs are already patched (mode {_active.mode!r}, by another Handoffs or "
+            "use_record_use block): leave that block, or call its disable(), first")
+
+
 def _device_module(device):
     device_type = device.type if isinstance(device, torch.device) else device
     if device_type == "npu":
@@ -413,5 +427,5 @@ def _device_module(device):
 @contextlib.contextmanager
 def use_record_use(instrument: Optional[Instrument] = None):
     """FSDP2's hand-offs by ``record_use`` inside the block (see module doc)."""
-    with Handoffs(RECORD_USE, instrument or Instrument()) as handoffs:
+    with Handoffs(RECORD_USE, Instrument() if instrument is None else instrument) as handoffs:
         yield handoffs

@@ -15,30 +15,63 @@ events; "waiting_bytes.*": cached blocks reused behind a GPU-side wait;
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
 
 from .shim import api
+from .shim import arguments as check
+
+# the device type each shim runtime serves (cpu: the simulated runtime)
+_RUNTIME_DEVICE_TYPES = {"cuda": "cuda", "acl": "npu", "sim": "cpu", "none": "cpu"}
 
 
 def _device_index(device) -> int:
+    """The shim's device index for torch's ``device`` argument: None (the
+    current device), an int, a torch.device or a str ("cuda:1")."""
+    from .shim.install import installed
+
+    setup = installed()
     if device is None:
-        from .shim.install import installed
-
-        setup = installed()
-        if setup is not None:
-            import torch
-
-            module = torch.cuda if setup.device == "cuda" else getattr(torch, "npu")
-            return module.current_device()
-        return 0
-    if isinstance(device, int):
-        return device
-    index = getattr(device, "index", None)
-    if index is None and isinstance(device, str):
+        return _current_index(setup)
+    if isinstance(device, str) or type(device).__name__ == "device":
+        index = _parsed_index(device, setup)
+    else:
+        index = check.device(device)
+    if setup is not None and setup.device == "cuda":
         import torch
 
-        index = torch.device(device).index
-    return 0 if index is None else int(index)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {index} does not exist: this machine has {torch.cuda.device_count()} cuda "
+                             "device(s)")
+    return index
+
+
+def _current_index(setup) -> int:
+    if setup is None:
+        return 0
+    import torch
+
+    module = torch.cuda if setup.device == "cuda" else getattr(torch, "npu")  # noqa: B009 (torch_npu adds it)
+    return module.current_device()
+
+
+def _parsed_index(device, setup) -> int:
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be an index, a torch.device or a str such as 'cuda:0', 'npu:1' or 'cpu', "
+                         f"not {device!r}") from None
+    expected = setup.device if setup is not None else _RUNTIME_DEVICE_TYPES.get(api.runtime_name(), "cpu")
+    if parsed.type != expected:
+        if setup is not None:
+            where = f"the shim is installed for {expected}: ask for {expected!r}, '{expected}:N' or an index"
+        elif expected == "cpu":
+            where = ("the shim is not installed for a device (npu_lifetime.install('cuda') or ('npu') does that); "
+                     "until then it answers for its simulated runtime: 'cpu' or an index")
+        else:
+            where = f"the shim runs the {api.runtime_name()} runtime: ask for {expected!r} or an index"
+        raise ValueError(f"device {device!r} is a {parsed.type} device; {where}")
+    return _current_index(setup) if parsed.index is None else parsed.index
 
 
 # torch's keys for what the shim never does: it has no max_split_size, so no

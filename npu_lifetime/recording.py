@@ -62,28 +62,76 @@ def record_use(tensor: torch.Tensor, stream=None) -> None:
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
-    """``tensor.record_stream(stream)``, also for simdevice streams."""
+    """``tensor.record_stream(stream)``, also for simdevice streams.  A tensor
+    without memory (no elements) needs nothing; a freed storage is refused."""
+    _check_tensor("record_stream", tensor)
     if isinstance(stream, simdevice.Stream):
         _simulated_tensor(tensor)
-        watchers.notify("record_stream", tensor, stream)
-    else:
-        tensor.record_stream(stream)
+        if _memory_of("record_stream", tensor):
+            watchers.notify("record_stream", tensor, stream)
+        return
+    typed = _stream_for("record_stream", tensor, stream, required=True)
+    if _memory_of("record_stream", tensor):
+        tensor.record_stream(typed)
 
 
 def erase_stream(tensor: torch.Tensor, stream) -> None:
     """Withdraws an earlier ``record_stream(stream)`` (torch_npu's eraseStream):
     the free no longer waits for ``stream``.  Supported under the shim and on
     the simulated device; the native caching allocators keep no handle for it."""
+    _check_tensor("erase_stream", tensor)
     if isinstance(stream, simdevice.Stream):
         _simulated_tensor(tensor)
-        watchers.notify("erase_stream", tensor, stream)
+        if _memory_of("erase_stream", tensor):
+            watchers.notify("erase_stream", tensor, stream)
         return
+    if tensor.device.type == "cpu":
+        raise RecordUseError(
+            f"erase_stream on a CPU tensor takes a simdevice stream (npu_lifetime.simdevice), not {stream!r}; "
+            "a device stream needs the shim (npu_lifetime.install) and a cuda or npu tensor"
+        )
+    if tensor.device.type not in DEVICE_TYPES:
+        raise RecordUseError(f"erase_stream needs a cuda or npu tensor (or a CPU tensor with a simdevice stream); "
+                             f"this one is on {tensor.device}")
     setup = installed()
     if setup is None or setup.device != tensor.device.type:
-        raise RecordUseError("erase_stream needs the shim (npu_lifetime.install) or a simdevice stream")
-    typed = device_stream(tensor.device.type, stream)
-    shim_api.erase_stream(tensor.untyped_storage().data_ptr(), stream_handle(typed))
+        raise RecordUseError(
+            f"erase_stream needs the shim installed for {tensor.device.type} (npu_lifetime.install"
+            f"({tensor.device.type!r}) before any {tensor.device.type} memory is used): the native caching "
+            "allocators cannot withdraw a recorded stream"
+        )
+    typed = _stream_for("erase_stream", tensor, stream, required=True)
+    ptr = _memory_of("erase_stream", tensor)
+    if not ptr:
+        return
+    if not shim_api.erase_stream(ptr, stream_handle(typed)):
+        raise _shim_refused(tensor, ptr, "erase_stream")
     watchers.notify("erase_stream", tensor, typed)
+
+
+def _check_tensor(call: str, tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise RecordUseError(f"{call} needs a tensor, not {type(tensor).__name__}")
+
+
+def _memory_of(call: str, tensor: torch.Tensor) -> int:
+    """The storage's address; 0 for a tensor with no elements (nothing to
+    keep); RecordUseError for a freed storage or a tensor without one."""
+    try:
+        storage = tensor.untyped_storage()
+    except (NotImplementedError, RuntimeError) as err:
+        raise RecordUseError(
+            f"{call} needs a strided tensor with a storage, not a {tensor.layout} one ({err}): call it on the "
+            "tensors that hold its memory (e.g. a sparse tensor's values() and indices())"
+        ) from None
+    if storage.nbytes() and storage.data_ptr():
+        return storage.data_ptr()
+    if tensor.numel() == 0:
+        return 0
+    raise RecordUseError(
+        f"{call} on a freed storage (its memory was already released, e.g. by untyped_storage().resize_(0)): "
+        "call it before the storage is freed"
+    )
 
 
 # -- the checked path ---------------------------------------------------------------------
@@ -91,9 +139,10 @@ def _record_use_checked(tensor, stream) -> None:
     if _is_compiling():
         _record_use_traced(tensor, stream)
         return
-    if not isinstance(tensor, torch.Tensor):
-        raise RecordUseError(f"record_use needs a tensor, not {type(tensor).__name__}")
-    stream = _resolved_stream(tensor, stream)
+    _check_tensor("record_use", tensor)
+    stream = _stream_for("record_use", tensor, stream)
+    if not _memory_of("record_use", tensor):
+        return  # no elements: no memory to keep
     device_type = tensor.device.type
     _enable_fast_path_if_installed(device_type)
     if _watching(device_type):
@@ -112,42 +161,40 @@ def _record_use_traced(tensor, stream) -> None:
     _OP(tensor, *_op_stream_args(stream))
 
 
-def _resolved_stream(tensor: torch.Tensor, stream):
+def _stream_for(call: str, tensor: torch.Tensor, stream, required: bool = False):
     """The typed stream for ``tensor`` (a simdevice.Stream for CPU tensors,
-    torch.cuda / torch_npu streams otherwise), or a clear error."""
-    stream = _simulated_stream(tensor, stream) if tensor.device.type == "cpu" else _device_stream(tensor, stream)
-    storage = tensor.untyped_storage()
-    if storage.nbytes() == 0 or storage.data_ptr() == 0:
-        raise RecordUseError(
-            "record_use on a freed storage (its memory was already released, e.g. by untyped_storage().resize_(0)): "
-            "call it before the storage is freed"
-        )
-    return stream
+    torch.cuda / torch_npu streams otherwise), or a clear error.  ``None``
+    is the current stream unless the call ``required`` one."""
+    if stream is None and required:
+        raise RecordUseError(f"{call} needs a stream (the stream that uses the tensor), not None")
+    if tensor.device.type == "cpu":
+        return _simulated_stream(call, stream)
+    return _device_stream(call, tensor, stream)
 
 
-def _simulated_stream(tensor: torch.Tensor, stream):
+def _simulated_stream(call: str, stream):
     if stream is None:
         return simdevice.current_stream()
     if not isinstance(stream, simdevice.Stream):
         raise RecordUseError(
             f"a CPU tensor takes a simdevice stream (npu_lifetime.simdevice), not {stream!r}; "
-            "for a device stream, record_use a cuda or npu tensor"
+            f"for a device stream, {call} a cuda or npu tensor"
         )
     return stream
 
 
-def _device_stream(tensor: torch.Tensor, stream):
+def _device_stream(call: str, tensor: torch.Tensor, stream):
     device = tensor.device
     if isinstance(stream, simdevice.Stream):
         raise RecordUseError(f"a simdevice stream goes with CPU tensors, not a tensor on {device}")
     if device.type not in DEVICE_TYPES:
         raise RecordUseError(
-            f"record_use needs a cuda or npu tensor (or a CPU tensor with a simdevice stream); this one is on {device}"
+            f"{call} needs a cuda or npu tensor (or a CPU tensor with a simdevice stream); this one is on {device}"
         )
     if stream is None:
         return _device_module(device.type).current_stream(device)
     if not isinstance(stream, torch.Stream):
-        raise RecordUseError(f"record_use needs a stream (e.g. torch.{device.type}.Stream()), not {stream!r}")
+        raise RecordUseError(f"{call} needs a stream (e.g. torch.{device.type}.Stream()), not {stream!r}")
     if stream.device != device:
         raise RecordUseError(f"stream {stream} is on {stream.device}, the tensor on {device}: use a stream of {device}")
     return _typed_stream(device.type, stream)
@@ -281,10 +328,10 @@ def _npl_record_use():
     return shim_api.library().npl_record_use
 
 
-def _shim_refused(tensor: torch.Tensor, ptr: int) -> RecordUseError:
+def _shim_refused(tensor: torch.Tensor, ptr: int, call: str = "record_use") -> RecordUseError:
     if ptr == 0:
         return RecordUseError(
-            "record_use on a freed storage (its memory was already released, e.g. by untyped_storage().resize_(0)): "
+            f"{call} on a freed storage (its memory was already released, e.g. by untyped_storage().resize_(0)): "
             "call it before the storage is freed"
         )
     return RecordUseError(

@@ -1,7 +1,10 @@
 """Graph capture under the shim (simulated runtime): private pools, frees
 during a capture, and no event queried or recorded inside a capture.
 The torch side (torch.cuda.graph, cudagraph trees) runs in test_gpu_graphs.py."""
+import pytest
 from conftest import S1, S2
+
+from npu_lifetime.shim.native import library
 
 POOL = (7, 0)
 
@@ -150,6 +153,10 @@ def test_claim_takes_exactly_the_cached_memory_asked_for(sim_shim):
     sim_shim.claim_next(b)
     assert sim_shim.alloc(4096, 0, S1) == b
     assert sim_shim.alloc(4096, 0, S1) == a  # the front stayed cached
-    sim_shim.claim_next(b)  # b is live: nothing to claim
+    with pytest.raises(ValueError, match="no cached block"):
+        sim_shim.claim_next(b)  # b is live: nothing to claim, and the next allocation is left alone
+    assert sim_shim.alloc(4096, 0, S1) not in (0, a, b)
+    assert sim_shim.findings() == []
+    library().npl_claim_next(b)  # the C entry point torch's restore uses reports it at the allocation
     assert sim_shim.alloc(4096, 0, S1) == 0
     assert [f["kind"] for f in sim_shim.findings()] == ["invalid_argument"]

@@ -105,7 +105,7 @@ def test_a_failing_script_exits_3_and_still_writes(tmp_path, capsys, sim_shim):
     ([], "give a script to run, or --demo (not both)"),
     (["--demo", "x.py"], "give a script to run, or --demo (not both)"),
     (["missing.py"], "no such script: missing.py"),
-    (["--trace-capacity", "0", "--demo"], "--trace-capacity must be at least 1"),
+    (["--trace-capacity", "0", "--demo"], "argument --trace-capacity: must be at least 1, not 0"),
 ])
 def test_bad_input_is_a_clear_error(argv, message, capsys, sim_shim):
     assert main(["snapshot", *argv]) == 2
@@ -171,3 +171,15 @@ def test_frames_from_the_console_script_leave_out_its_launcher(tmp_path):
     files = {fr["filename"] for e in data["device_traces"][0] for fr in e["frames"]}
     assert any(f.endswith("demo.py") for f in files)
     assert not any(f == str(launcher) for f in files)
+
+
+def test_a_script_imports_modules_beside_it_as_under_python(tmp_path, capsys, sim_shim):
+    # runpy alone does not put the script's directory on sys.path: this import failed (exit 3)
+    (tmp_path / "helper_beside.py").write_text("VALUE = 41\n")
+    path = script(tmp_path, "import helper_beside\nprint('value', helper_beside.VALUE + 1)\n")
+    out_dir = tmp_path / "pictures"
+    out_dir.mkdir()
+    assert main(["snapshot", "--device", "sim", "--out", str(out_dir), path]) == 0
+    assert "value 42" in capsys.readouterr().out
+    # --out naming a directory writes the default names into it
+    assert (out_dir / "prog.snapshot.pickle").exists() and (out_dir / "prog.snapshot.html").exists()

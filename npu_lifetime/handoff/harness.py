@@ -102,6 +102,25 @@ class _Schedule:
         return [self.act.cpu().clone(), reduced]
 
 
+def check_arguments(device, handoff_class, **sizes: int) -> None:
+    """TypeError / ValueError for what ``run_handoff`` cannot run, before
+    anything runs."""
+    from .recipes import Handoff
+
+    if getattr(device, "name", None) not in ("sim", "cuda"):
+        raise TypeError(f"device must be a SimHandoffDevice or CudaHandoffDevice (npu_lifetime.handoff), "
+                        f"not {type(device).__name__}")
+    if not (isinstance(handoff_class, type) and issubclass(handoff_class, Handoff)):
+        raise TypeError(f"handoff_class must be a Handoff subclass (e.g. npu_lifetime.handoff.RecordUseHandoff), "
+                        f"not {handoff_class!r}")
+    for name, value in sizes.items():
+        least = 0 if name == "heavy" else 1
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int >= {least}, not {type(value).__name__} {value!r}")
+        if value < least:
+            raise ValueError(f"{name} must be at least {least}, not {value}")
+
+
 def run_handoff(
     device,
     handoff_class,
@@ -119,6 +138,7 @@ def run_handoff(
 
     from ..sanitizer import LifetimeSanitizer
 
+    check_arguments(device, handoff_class, layers=layers, width=width, heavy=heavy, steps=steps)
     sanitizer = LifetimeSanitizer(device.name, on_race="collect", warn_on_free=False) if sanitize else None
     handoff = handoff_class(device)
     if sanitizer is not None:

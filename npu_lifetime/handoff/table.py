@@ -17,8 +17,8 @@ from typing import Optional
 import torch
 
 from ..shim import api as shim
-from .harness import run_handoff
-from .recipes import BROKEN, CORRECT, BrokenEventTooLate, RecordStreamHandoff, RecordUseHandoff
+from .harness import check_arguments, run_handoff
+from .recipes import BROKEN, CORRECT, BrokenEventTooLate, Handoff, RecordStreamHandoff, RecordUseHandoff
 from .replay import replay
 
 COLUMNS = (
@@ -84,6 +84,7 @@ def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1) -> t
     """Returns (rows, ok): ok when every row behaves as its kind must."""
     from .poison import late_read
 
+    check_arguments(device, Handoff, layers=layers, width=width, steps=steps)
     rows, reference = [], None
     for cls in CORRECT + BROKEN:
         corrupts, kind = replay(cls).corrupted, _kind(cls)

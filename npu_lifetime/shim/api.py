@@ -9,6 +9,7 @@ import json
 from functools import lru_cache
 from typing import Optional, Tuple
 
+from . import arguments as check
 from .native import library, take_string
 
 POLICIES = {"poll": 0, "stream_wait": 1, "lazy_wait": 2}
@@ -22,17 +23,37 @@ class ShimError(RuntimeError):
     pass
 
 
+RUNTIMES = ("cuda", "acl", "sim", "auto")
+
+
+def _runtime_arguments(name, library_path) -> tuple:
+    check.text(name, "the runtime", ", ".join(RUNTIMES))
+    if library_path is None:
+        return name.encode(), None
+    if name != "acl":
+        raise ValueError(f"library_path is for the acl runtime (a libascendcl to load), not for {name!r}")
+    path = library_path if isinstance(library_path, str) else getattr(library_path, "__fspath__", lambda: None)()
+    if not isinstance(path, str):
+        raise TypeError(f"library_path must be a path (a str or os.PathLike), not {type(library_path).__name__} "
+                        f"{library_path!r}")
+    return name.encode(), path.encode()
+
+
 def select_runtime(name: str = "auto", library_path: Optional[str] = None) -> None:
-    """``cuda``, ``acl`` (optionally from ``library_path``), ``sim`` or ``auto``."""
+    """``cuda``, ``acl`` (optionally from ``library_path``), ``sim`` or ``auto``.
+    Only while the shim holds no memory."""
     lib = library()
-    if lib.npl_select_runtime(name.encode(), library_path.encode() if library_path else None) != 0:
-        raise ShimError(f"cannot select runtime {name!r}: {lib.npl_last_error().decode()}")
+    if lib.npl_select_runtime(*_runtime_arguments(name, library_path)) != 0:
+        why = lib.npl_last_error().decode()
+        if "holds memory" in why:
+            why += " (free its blocks and call npu_lifetime.shim.empty_cache() first)"
+        raise ShimError(f"cannot select runtime {name!r}: {why}")
 
 
 def probe_runtime(name: str, library_path: Optional[str] = None) -> None:
     """Raises ShimError if ``select_runtime(name)`` would fail; changes nothing."""
     lib = library()
-    if lib.npl_probe_runtime(name.encode(), library_path.encode() if library_path else None) != 0:
+    if lib.npl_probe_runtime(*_runtime_arguments(name, library_path)) != 0:
         raise ShimError(f"cannot use runtime {name!r}: {lib.npl_last_error().decode()}")
 
 
@@ -43,11 +64,13 @@ def runtime_name() -> str:
 def alloc(size: int, device: int = 0, stream: int = 0) -> int:
     """A block of ``size`` bytes for ``stream``; 0 for a zero-byte request or
     when out of memory (``last_oom_message()`` and ``findings()`` say why)."""
-    return library().npl_alloc(size, device, stream) or 0
+    return library().npl_alloc(check.size(size), check.device(device), check.stream(stream)) or 0
 
 
 def free(ptr: int, size: int, device: int = 0, stream: int = 0) -> None:
-    library().npl_free(ptr, size, device, stream)
+    """Frees the block at ``ptr`` (0: nothing).  An unknown pointer, a double
+    free, another size or stream: a finding (``findings()``), never a crash."""
+    library().npl_free(check.address(ptr), check.size(size), check.device(device), check.stream(stream))
 
 
 def last_oom_message() -> str:
@@ -58,25 +81,30 @@ def last_oom_message() -> str:
 def record_stream(ptr: int, stream: int, stream_device: int = -1) -> bool:
     """The free of the block holding ``ptr`` waits for everything queued on
     ``stream`` up to the free.  False (and a finding) if no live block holds ``ptr``."""
-    return library().npl_record_stream_device(ptr, stream, stream_device) == 0
+    return library().npl_record_stream_device(check.address(ptr), check.stream(stream),
+                                              check.stream_device(stream_device)) == 0
 
 
 def erase_stream(ptr: int, stream: int) -> bool:
-    return library().npl_erase_stream(ptr, stream) == 0
+    """Withdraws a ``record_stream(ptr, stream)``.  False (and a finding) if
+    no live block holds ``ptr``."""
+    return library().npl_erase_stream(check.address(ptr), check.stream(stream)) == 0
 
 
 def record_use(ptr: int, stream: int, stream_device: int = -1) -> bool:
     """The reuse of the block holding ``ptr`` waits for what is queued on ``stream`` now."""
-    return library().npl_record_use_device(ptr, stream, stream_device) == 0
+    return library().npl_record_use_device(check.address(ptr), check.stream(stream),
+                                           check.stream_device(stream_device)) == 0
 
 
 def note_use(ptr: int, stream: int) -> bool:
     """Tells the shim of a use on ``stream`` that nothing recorded: a free
     before it finishes is a finding, and the reuse waits for it."""
-    return library().npl_note_use(ptr, stream) == 0
+    return library().npl_note_use(check.address(ptr), check.stream(stream)) == 0
 
 
 def set_policy(policy: str) -> None:
+    check.text(policy, "policy", ", ".join(sorted(POLICIES)))
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; expected one of {sorted(POLICIES)}")
     library().npl_set_policy(POLICIES[policy])
@@ -92,9 +120,8 @@ def set_debug(enabled: bool, quarantine_bytes: int = DEFAULT_QUARANTINE_BYTES) -
     integers) once really free and held in a FIFO quarantine of up to
     ``quarantine_bytes``; a write into a quarantined block is reported
     (``write_after_free``) when it leaves the quarantine."""
-    if quarantine_bytes < 0:
-        raise ValueError(f"quarantine_bytes must be >= 0, not {quarantine_bytes}")
-    library().npl_set_debug(int(bool(enabled)), quarantine_bytes)
+    enabled = check.flag(enabled, "enabled")
+    library().npl_set_debug(int(enabled), check.count(quarantine_bytes, "quarantine_bytes"))
 
 
 def debug() -> bool:
@@ -112,19 +139,17 @@ def empty_cache() -> None:
 def set_memory_fraction(fraction: float, device: int = 0) -> None:
     """Limits the bytes the shim reserves on ``device`` to ``fraction`` of
     the device's memory (0: no limit)."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"the memory fraction must be in [0, 1], not {fraction}")
-    library().npl_set_memory_fraction(fraction, device)
+    library().npl_set_memory_fraction(check.fraction(fraction), check.device(device))
 
 
 def memory_fraction(device: int = 0) -> float:
-    return library().npl_get_memory_fraction(device)
+    return library().npl_get_memory_fraction(check.device(device))
 
 
 def base_allocation(ptr: int) -> Tuple[int, int]:
     """The segment holding ``ptr``: (base address, size); (ptr, 0) if none."""
     size = ctypes.c_size_t(0)
-    base = library().npl_base_allocation(ptr, ctypes.byref(size)) or 0
+    base = library().npl_base_allocation(check.address(ptr), ctypes.byref(size)) or 0
     return base, size.value
 
 
@@ -132,20 +157,24 @@ def base_allocation(ptr: int) -> Tuple[int, int]:
 def begin_allocate_to_pool(device: int, pool: PoolId, stream: int = 0) -> None:
     """Allocations on ``device`` from ``stream`` (0: any stream) go to the
     private ``pool`` until ``end_allocate_to_pool``."""
-    library().npl_begin_allocate_to_pool(device, pool[0], pool[1], stream)
+    pool = check.pool(pool)
+    library().npl_begin_allocate_to_pool(check.device(device), pool[0], pool[1], check.stream(stream))
 
 
 def end_allocate_to_pool(device: int, pool: PoolId) -> None:
-    library().npl_end_allocate_to_pool(device, pool[0], pool[1])
+    pool = check.pool(pool)
+    library().npl_end_allocate_to_pool(check.device(device), pool[0], pool[1])
 
 
 def release_pool(device: int, pool: PoolId) -> None:
-    library().npl_release_pool(device, pool[0], pool[1])
+    pool = check.pool(pool)
+    library().npl_release_pool(check.device(device), pool[0], pool[1])
 
 
 def pool_live_allocations(device: int, pool: PoolId) -> list:
     """The addresses of the pool's live blocks."""
     lib = library()
+    device, pool = check.device(device), check.pool(pool)
     n = lib.npl_pool_live_allocations(device, pool[0], pool[1], None, 0)
     out = (ctypes.c_uint64 * max(n, 1))()
     n = lib.npl_pool_live_allocations(device, pool[0], pool[1], out, n)
@@ -154,8 +183,21 @@ def pool_live_allocations(device: int, pool: PoolId) -> list:
 
 def claim_next(ptr: int) -> None:
     """This thread's next allocation takes the cached memory at ``ptr``
-    (restoring a graph pool checkpoint through torch's allocator)."""
+    (restoring a graph pool checkpoint through torch's allocator).  ``ptr``
+    must lie in a cached block that carries no events: else ValueError, and
+    the next allocation is left alone."""
+    ptr = check.address(ptr)
+    if not _claimable(ptr):
+        raise ValueError(
+            f"claim_next({ptr:#x}): no cached block without pending events holds this address (see "
+            "npu_lifetime.shim.snapshot()); claim only memory a graph pool checkpoint held and that is free now"
+        )
     library().npl_claim_next(ptr)
+
+
+def _claimable(ptr: int) -> bool:
+    return any(b["state"] == "cached" and not b["held_events"] and b["address"] <= ptr < b["address"] + b["size"]
+               for seg in snapshot()["segments"] for b in seg["blocks"])
 
 
 # -- statistics, snapshot, findings, trace ------------------------------------------
@@ -176,16 +218,16 @@ def stats(device: int = 0) -> dict:
     ``stat_names()`` (torch's ``memory_stats`` keys where the meaning is the same)."""
     names = stat_names()
     values = (ctypes.c_uint64 * len(names))()
-    library().npl_stats_values(device, values, len(names))
+    library().npl_stats_values(check.device(device), values, len(names))
     return dict(zip(names, values))
 
 
 def reset_peak(device: int = 0) -> None:
-    library().npl_reset_peak(device)
+    library().npl_reset_peak(check.device(device))
 
 
 def reset_accumulated(device: int = 0) -> None:
-    library().npl_reset_accumulated(device)
+    library().npl_reset_accumulated(check.device(device))
 
 
 def snapshot() -> dict:
@@ -201,9 +243,8 @@ def findings() -> list:
 
 def set_trace(enabled: bool, capacity: int = 65536) -> None:
     """Records what happens to blocks (see ``trace``) in a ring of ``capacity`` events."""
-    if capacity < 0:
-        raise ValueError(f"capacity must be >= 0, not {capacity}")
-    library().npl_set_trace(int(bool(enabled)), capacity)
+    enabled = check.flag(enabled, "enabled")
+    library().npl_set_trace(int(enabled), check.count(capacity, "capacity"))
 
 
 def trace() -> list:
@@ -224,26 +265,27 @@ class sim:
     @staticmethod
     def complete(stream: int) -> None:
         """``stream`` runs: to its end, or to a wait on an event not yet complete."""
-        library().npl_sim_complete(stream)
+        library().npl_sim_complete(check.stream(stream))
 
     @staticmethod
     def complete_to(stream: int, position: int) -> None:
-        library().npl_sim_complete_to(stream, position)
+        library().npl_sim_complete_to(check.stream(stream), check.count(position, "position"))
 
     @staticmethod
     def launch(stream: int) -> int:
         """A kernel queued on ``stream``; returns its position."""
-        return library().npl_sim_launch(stream)
+        return library().npl_sim_launch(check.stream(stream))
 
     @staticmethod
     def record_event(stream: int) -> int:
         """A new event recorded on ``stream`` (its handle)."""
-        return library().npl_sim_record_event(stream) or 0
+        return library().npl_sim_record_event(check.stream(stream)) or 0
 
     @staticmethod
     def wait_event(stream: int, event: int) -> None:
         """``stream`` waits GPU-side for ``event``."""
-        library().npl_sim_wait_event(stream, event)
+        event = check.address(event, "event", "an event handle (an int, from sim.record_event)")
+        library().npl_sim_wait_event(check.stream(stream), event)
 
     @staticmethod
     def complete_all() -> None:
@@ -251,19 +293,19 @@ class sim:
 
     @staticmethod
     def set_capturing(stream: int, capturing: bool) -> None:
-        library().npl_sim_set_capturing(stream, int(capturing))
+        library().npl_sim_set_capturing(check.stream(stream), int(check.flag(capturing, "capturing")))
 
     @staticmethod
     def set_memory_limit(nbytes: int) -> None:
-        library().npl_sim_set_memory_limit(nbytes)
+        library().npl_sim_set_memory_limit(check.count(nbytes, "nbytes"))
 
     @staticmethod
     def set_device(device: int) -> None:
-        library().npl_sim_set_device(device)
+        library().npl_sim_set_device(check.device(device))
 
     @staticmethod
     def stream_waits(stream: int) -> int:
-        return library().npl_sim_stream_waits(stream)
+        return library().npl_sim_stream_waits(check.stream(stream))
 
     @staticmethod
     def incomplete_events() -> int:

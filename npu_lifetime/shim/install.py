@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import api
+from . import arguments as check
 from .native import library_path, symbol_address
 
 # device: (shim runtime, {allocator-object setter: shim entry point})
@@ -78,7 +79,8 @@ def install(
     _check_arguments(device, policy, debug, quarantine_bytes)
     if _installed is not None:
         if _installed.device != device:
-            raise InstallError(f"the shim is already installed for {_installed.device}; one device per process")
+            raise InstallError(f"the shim is already installed for {_installed.device}; one device type per process: "
+                               f"run the {device} work in another process")
         _configure(policy, debug, quarantine_bytes)
         _installed = Installed(device, _installed.runtime, policy, debug, _installed.library, _installed.bridge,
                                _installed.hooks)
@@ -114,14 +116,19 @@ def install(
 
 
 def _check_arguments(device, policy, debug, quarantine_bytes) -> None:
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'cuda' or 'npu' (a device type, as a str), not {type(device).__name__} "
+                        f"{device!r}")
     if device not in _DEVICES:
-        raise ValueError(f"device must be one of {sorted(_DEVICES)}, not {device!r}")
+        kind = device.split(":")[0].strip().lower()
+        hint = (f": the shim serves every {kind} device of the process, install({kind!r})" if kind in _DEVICES
+                else "; on a machine with neither, use the simulated runtime (npu_lifetime.shim.select_runtime('sim'))")
+        raise ValueError(f"device must be one of {sorted(_DEVICES)}, not {device!r}{hint}")
+    check.text(policy, "policy", ", ".join(sorted(api.POLICIES)))
     if policy not in api.POLICIES:
         raise ValueError(f"policy must be one of {sorted(api.POLICIES)}, not {policy!r}")
-    if not isinstance(debug, bool):
-        raise TypeError(f"debug must be True or False, not {debug!r}")
-    if not isinstance(quarantine_bytes, int) or quarantine_bytes < 0:
-        raise ValueError(f"quarantine_bytes must be a non-negative int, not {quarantine_bytes!r}")
+    check.flag(debug, "debug")
+    check.count(quarantine_bytes, "quarantine_bytes")
 
 
 def _configure(policy: str, debug: bool, quarantine_bytes: int) -> None:
@@ -134,12 +141,19 @@ def _device_memory_module(device: str):
         import torch
 
         if not torch.cuda.is_available():
-            raise InstallError("install('cuda') needs a CUDA device; none is available on this machine")
+            raise InstallError(
+                "install('cuda') needs a CUDA device; none is available on this machine (torch "
+                f"{torch.__version__}, cuda {torch.version.cuda or 'not built in'}). Run on a machine with a GPU, "
+                "or use the simulated runtime: npu_lifetime.shim.select_runtime('sim')"
+            )
         return torch.cuda.memory
     try:
         import torch_npu
     except ImportError as err:
-        raise InstallError("install('npu') needs torch_npu, which is not installed") from err
+        raise InstallError(
+            f"install('npu') needs torch_npu, which cannot be imported here ({err}); install the torch_npu "
+            "that matches your torch on a machine with an Ascend NPU"
+        ) from err
     from . import npu_queue
 
     npu_queue.check_supported()

@@ -96,6 +96,9 @@ def library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as err:
+        if os.environ.get("NPU_LIFETIME_SHIM"):
+            raise ShimNotBuilt(f"cannot load the allocator shim NPU_LIFETIME_SHIM={path}: {err}; point it at a built "
+                               "libnpl*.so, or unset it to use the one the install built") from err
         raise ShimNotBuilt(f"cannot load the allocator shim {path}: {err}; rebuild it with `pip install -e .`") from err
     missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
     if missing:

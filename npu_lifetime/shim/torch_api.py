@@ -93,7 +93,7 @@ def set_checkpoint_pool_state(device: int, state: PoolCheckpoint, stale_storages
         )
     for ptr in sorted(missing):
         size, stream = state.live[ptr]
-        api.claim_next(ptr)
+        api.library().npl_claim_next(ptr)  # unchecked: a failed claim shows as got != ptr below
         got = torch._C._cuda_cudaCachingAllocator_raw_alloc(size, stream)
         if got != ptr:
             raise RuntimeError(f"npu_lifetime shim: could not hold graph pool block {ptr:#x} again ({api.findings()})")

@@ -45,6 +45,8 @@ class Recording:
 
 class Recorder:
     def __init__(self, capacity: int = 1 << 20, stack_depth: int = 24) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"the trace capacity must be an int (events), not {type(capacity).__name__} {capacity!r}")
         if capacity < 1:
             raise ValueError(f"the trace capacity must be at least 1 event, not {capacity}")
         self.capacity = capacity
@@ -55,6 +57,8 @@ class Recorder:
         self._dropped_before = 0
 
     def start(self) -> "Recorder":
+        if self._subscription is not None:
+            raise RuntimeError("this Recorder is already recording: stop() it before starting it again")
         if self.has_trace:
             api.set_trace(False)
             api.trace()  # what an earlier trace left is not this run's
@@ -64,9 +68,10 @@ class Recorder:
         return self
 
     def stop(self, source: str) -> Recording:
-        if self._subscription is not None:
-            hooks.unsubscribe(self._subscription)
-            self._subscription = None
+        if self._subscription is None:
+            raise RuntimeError("this Recorder is not recording: start() it first")
+        hooks.unsubscribe(self._subscription)
+        self._subscription = None
         events, notes = None, []
         if self.has_trace:
             events = check_events(api.trace())

@@ -3,13 +3,10 @@ shim recording, then write the memory-viewer pickle and the HTML timeline."""
 from __future__ import annotations
 
 import gc
-import os
-import runpy
-import sys
-import traceback
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import user_script
 from . import lives as lives_mod
 from . import memory_viz, timeline
 from .recorder import Recorder, Recording
@@ -31,6 +28,7 @@ class Outcome:
     script_failed: bool
     pickle_path: Optional[str] = None
     html_path: Optional[str] = None
+    script_ending: str = ""  # how a failed script ended ("raised ValueError: boom", "exited with status 3")
 
 
 def run_demo(capacity: int) -> Outcome:
@@ -49,8 +47,10 @@ def run_demo(capacity: int) -> Outcome:
 def run_script(script: str, args: list, device: str, policy: str, sanitize: bool, capacity: int) -> Outcome:
     """``device`` is resolved (cuda, npu or sim); a device the machine lacks
     is a SnapshotError, never a silent run on another."""
-    if not os.path.isfile(script):
-        raise SnapshotError(f"no such script: {script}")
+    try:
+        user_script.check_path(script)
+    except user_script.ScriptPathError as err:
+        raise SnapshotError(str(err)) from None
     _prepare_device(device, policy)
     sanitizer = None
     if sanitize:
@@ -58,13 +58,13 @@ def run_script(script: str, args: list, device: str, policy: str, sanitize: bool
 
         sanitizer = LifetimeSanitizer(device, on_race="collect", warn_on_free=False)
     recorder = Recorder(capacity).start()
-    failed = _run_path(script, args, sanitizer)
+    ending = _run_path(script, args, sanitizer)
     recording = recorder.stop(f"{script} on {device}")
     if sanitizer is not None:
         recording.sanitizer_findings = _sanitizer_findings(sanitizer)
     if device == "sim" and recording.block_count == 0:
         recording.notes.append(SIM_SCRIPT_NOTE)
-    return Outcome(recording, failed)
+    return Outcome(recording, ending.failed, script_ending=ending.how)
 
 
 def _prepare_device(device: str, policy: str) -> None:
@@ -82,24 +82,14 @@ def _prepare_device(device: str, policy: str) -> None:
         raise SnapshotError(f"--device {device}: {err}") from err
 
 
-def _run_path(script: str, args: list, sanitizer) -> bool:
-    """Runs the script as __main__; True if it raised or exited non-zero
-    (its traceback is printed; what it recorded is still drawn)."""
-    saved = sys.argv
-    sys.argv = [script, *args]
+def _run_path(script: str, args: list, sanitizer) -> user_script.Ending:
+    """Runs the script as __main__ (a failure's traceback is printed; what
+    it recorded is still drawn)."""
     if sanitizer is not None:
         sanitizer.enable()
     try:
-        namespace = runpy.run_path(script, run_name="__main__")
-        del namespace
-        return False
-    except SystemExit as exit_:
-        return exit_.code not in (None, 0)
-    except BaseException:  # the script's own error
-        traceback.print_exc()
-        return True
+        return user_script.run(script, args)
     finally:
-        sys.argv = saved
         gc.collect()
         if sanitizer is not None:
             sanitizer.disable()

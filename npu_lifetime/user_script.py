@@ -1,0 +1,74 @@
+"""Runs a user's script as ``__main__`` the way ``python script.py args``
+would (its ``sys.argv``, its directory first on ``sys.path``), for the
+commands that run one.  A bad path is refused before anything runs; how the
+script ended is one line the command prints beside its exit code, and its
+traceback shows the script's frames, not the launcher's."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+
+
+class ScriptPathError(ValueError):
+    """The path names no script that can be run."""
+
+
+def check_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise ScriptPathError(f"no such script: {path}")
+    if os.path.isdir(path):
+        raise ScriptPathError(f"{path} is a directory: give the Python script to run")
+    if not os.path.isfile(path):
+        raise ScriptPathError(f"{path} is not a regular file: give the Python script to run")
+    if not os.access(path, os.R_OK):
+        raise ScriptPathError(f"cannot read {path} (permission denied)")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a script ended: ``how`` is "" when it finished, else e.g.
+    "raised ValueError: boom", "exited with status 3", "exited: message"."""
+
+    failed: bool
+    how: str = ""
+
+
+def run(path: str, args: list) -> Ending:
+    """Runs ``path`` with ``args``; its exceptions and exits never escape."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+        return Ending(False)
+    except SystemExit as exit_:
+        return _exit_ending(exit_.code)
+    except BaseException as err:  # the script's own error, KeyboardInterrupt included
+        sys.stderr.write(script_traceback(err, path))
+        return Ending(True, f"raised {type(err).__name__}" + (f": {err}" if str(err) else ""))
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+def _exit_ending(code) -> Ending:
+    if code is None or code == 0:
+        return Ending(False)
+    if isinstance(code, int):
+        return Ending(True, f"exited with status {code}")
+    message = str(code)
+    print(message, file=sys.stderr)  # what python prints for sys.exit("message")
+    return Ending(True, f"exited: {message}" if "\n" not in message.strip() else "exited with the message above")
+
+
+def script_traceback(err: BaseException, path: str) -> str:
+    """The traceback from the script's first frame on (all of it when the
+    script never ran, e.g. a SyntaxError: then its location)."""
+    target = os.path.abspath(path)
+    tb = err.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb))
