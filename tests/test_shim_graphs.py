@@ -160,3 +160,10 @@ def test_claim_takes_exactly_the_cached_memory_asked_for(sim_shim):
     library().npl_claim_next(b)  # the C entry point torch's restore uses reports it at the allocation
     assert sim_shim.alloc(4096, 0, S1) == 0
     assert [f["kind"] for f in sim_shim.findings()] == ["invalid_argument"]
+
+
+def test_ending_or_releasing_a_pool_never_begun_is_a_finding(sim_shim):
+    sim_shim.end_allocate_to_pool(0, (42, 0))
+    sim_shim.release_pool(0, (42, 0))
+    assert [(f["kind"], f["op"]) for f in sim_shim.findings()] == [
+        ("invalid_argument", "end_allocate_to_pool"), ("invalid_argument", "release_pool")]

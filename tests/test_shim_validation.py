@@ -149,3 +149,8 @@ def test_lifetime_calls_accept_a_view_address(sim_shim):
     sim_shim.free(p, 4096, 0, S1)
     assert sim_shim.findings() == []
     assert sim_shim.stats()["pending.all.current"] == 1
+
+
+def test_the_runtime_says_how_many_devices_it_sees(sim_shim):
+    assert sim_shim.device_count() == 8  # the simulated runtime's
+

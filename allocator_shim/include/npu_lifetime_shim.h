@@ -96,8 +96,9 @@ void npl_free_string(char* s);
  * NULL/"auto" (a CUDA or ACL runtime already loaded in the process, else sim).
  * Only while no segment is held.  Returns 0, or -1 with npl_last_error(). */
 int npl_select_runtime(const char* name, const char* library_path);
-int npl_probe_runtime(const char* name, const char* library_path); /* would select succeed? changes nothing */
+int npl_probe_runtime(const char* name, const char* library_path); /* would select succeed, with a device? changes nothing */
 const char* npl_runtime_name(void);
+int npl_device_count(void); /* devices the selected runtime sees, or -1 */
 const char* npl_last_error(void);
 const char* npl_last_oom_message(void); /* this thread's last failed allocation, or "" */
 

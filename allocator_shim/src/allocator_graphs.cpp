@@ -14,12 +14,26 @@ void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilte
 
 void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {
     std::lock_guard<std::mutex> lock(mu_);
-    graph_pools_.end(device, id);
+    if (!graph_pools_.end(device, id)) unknown_pool("end_allocate_to_pool", device, id);
 }
 
 void CachingAllocator::release_pool(int device, PoolId id) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!graph_pools_.known(device, id)) {
+        unknown_pool("release_pool", device, id);
+        return;
+    }
     if (graph_pools_.release(device, id) && rt_ != nullptr) release_free_segments(device, false);
+}
+
+void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {
+    Finding f;
+    f.kind = "invalid_argument";
+    f.op = op;
+    f.device = device;
+    f.detail = "no capture into graph pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) +
+               ") was begun on this device; ignored";
+    report(std::move(f));
 }
 
 std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id) const {

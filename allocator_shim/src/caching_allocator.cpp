@@ -203,6 +203,8 @@ void CachingAllocator::runtime_error(const char* op, int code, const Block* b, S
     f.op = op;
     f.code = code;
     f.stream = stream;
+    const char* words = rt_ != nullptr ? rt_->error_string(code) : nullptr;
+    if (words != nullptr && *words) f.detail = std::string(rt_->name) + ": " + words;
     report(std::move(f));
 }
 

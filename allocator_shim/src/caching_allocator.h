@@ -149,6 +149,7 @@ class CachingAllocator {
     void runtime_error(const char* op, int code, const Block* b, Stream stream);
     static Finding about(const Block* b, const char* kind, const char* op);
     void report(Finding f);
+    void unknown_pool(const char* op, int device, PoolId id);
     void trace(TraceKind kind, const Block* b, Stream stream, const void* ptr = nullptr);
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 

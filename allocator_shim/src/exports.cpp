@@ -287,6 +287,13 @@ NPL_EXPORT int npl_probe_runtime(const char* name, const char* library_path) {
     return guarded("probe_runtime", -1, [&] {
         std::string why;
         const npl::Runtime* rt = find_runtime(name, library_path, &why);
+        int devices = 0, code = 0;
+        if (rt != nullptr && (rt->device_count(&devices, &code) != npl::Status::ok || devices < 1)) {
+            const char* words = rt->error_string(code);
+            why = std::string("the ") + rt->name + " runtime loads but sees no device" +
+                  (code != 0 && words != nullptr && *words ? std::string(" (") + words + ")" : std::string());
+            rt = nullptr;
+        }
         const npl::Runtime* current = shim().allocator.runtime();
         if (rt != nullptr && current != nullptr && current != rt && shim().allocator.holds_memory()) {
             rt = nullptr;
@@ -306,6 +313,15 @@ NPL_EXPORT int npl_select_runtime(const char* name, const char* library_path) {
             return -1;
         }
         return 0;
+    });
+}
+
+NPL_EXPORT int npl_device_count(void) {
+    return guarded("device_count", -1, [] {
+        const npl::Runtime* rt = shim().allocator.runtime();
+        int devices = 0, code = 0;
+        if (rt == nullptr || rt->device_count(&devices, &code) != npl::Status::ok) return -1;
+        return devices;
     });
 }
 

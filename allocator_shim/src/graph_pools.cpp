@@ -15,11 +15,15 @@ void GraphPools::begin(int device, PoolId id, StreamFilter filter) {
     }
 }
 
-void GraphPools::end(int device, PoolId id) {
+bool GraphPools::end(int device, PoolId id) {
     auto it = std::find_if(captures_.begin(), captures_.end(),
                            [&](const Capture& c) { return c.device == device && c.id == id; });
-    if (it != captures_.end()) captures_.erase(it);
+    if (it == captures_.end()) return false;
+    captures_.erase(it);
+    return true;
 }
+
+bool GraphPools::known(int device, PoolId id) const { return refs(device, id) != nullptr; }
 
 bool GraphPools::release(int device, PoolId id) {
     Refs* r = refs(device, id);

@@ -23,9 +23,10 @@ using StreamFilter = std::function<bool(Stream)>;
 class GraphPools {
    public:
     void begin(int device, PoolId id, StreamFilter filter);
-    void end(int device, PoolId id);
+    bool end(int device, PoolId id);  // false: no capture into it was underway
     // Drops one reference; true when the pool has none left.
     bool release(int device, PoolId id);
+    bool known(int device, PoolId id) const;
 
     // The private pool an allocation on (device, stream) goes to, if a
     // capture on `device` claims the stream; else the eager pool.

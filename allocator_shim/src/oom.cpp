@@ -63,6 +63,10 @@ Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream,
     int device = p->device;
     if (first != Status::out_of_memory) {
         runtime_error("malloc", code, nullptr, stream);
+        const char* words = rt_->error_string(code);
+        oom_message = std::string("npu_lifetime shim: the runtime failed to allocate on device ") +
+                      std::to_string(device) + " (" + rt_->name + " error " + std::to_string(code) +
+                      (words != nullptr && *words ? std::string(": ") + words : std::string()) + ")";
         return nullptr;
     }
     DeviceStats& st = dstats(device);

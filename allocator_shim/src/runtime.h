@@ -32,6 +32,8 @@ struct Runtime {
     Status (*memset_async)(void* ptr, int byte, size_t size, Stream stream, int* code);
     Status (*copy_to_host)(void* dst, const void* src, size_t size, int device, int* code);  // synchronous
     Status (*memory_total)(int device, size_t* total, int* code);
+    Status (*device_count)(int* count, int* code);
+    const char* (*error_string)(int code);  // the runtime's words for a status code ("" if none)
 };
 
 // Each returns nullptr and explains in `why` when the runtime can't be loaded.

@@ -37,6 +37,7 @@ struct Api {
     aclError (*Memcpy)(void*, size_t, const void*, size_t, int);
     aclError (*GetMemInfo)(int, size_t*, size_t*);
     aclError (*GetDevice)(int32_t*);
+    aclError (*GetDeviceCount)(uint32_t*);
     aclError (*SetDevice)(int32_t);
     aclError (*CaptureGetInfo)(void*, int*, void**);  // optional (newer CANN)
 } api;
@@ -111,10 +112,18 @@ Status acl_capturing(Stream stream, bool* capturing, int* code) {
     return s;
 }
 
+Status acl_device_count(int* count, int* code) {
+    uint32_t n = 0;
+    Status s = status_of(api.GetDeviceCount(&n), code);
+    *count = static_cast<int>(n);
+    return s;
+}
+const char* acl_error_string(int) { return ""; }
+
 const Runtime kAcl = {"acl",            acl_malloc,        acl_free,          acl_event_create,  acl_event_destroy,
                       acl_event_record, acl_event_query,   acl_event_sync,    acl_stream_wait,   acl_capturing,
                       acl_stream_sync,  acl_stream_device, acl_current_device, acl_memset,       acl_copy_to_host,
-                      acl_memory_total};
+                      acl_memory_total, acl_device_count, acl_error_string};
 
 bool load(const char* library_path, std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_ACL_LIBRARY");
@@ -135,6 +144,7 @@ bool load(const char* library_path, std::string* why) {
     ok &= resolve(h, "aclrtMemcpy", &api.Memcpy, why);
     ok &= resolve(h, "aclrtGetMemInfo", &api.GetMemInfo, why);
     ok &= resolve(h, "aclrtGetDevice", &api.GetDevice, why);
+    ok &= resolve(h, "aclrtGetDeviceCount", &api.GetDeviceCount, why);
     ok &= resolve(h, "aclrtSetDevice", &api.SetDevice, why);
     api.CaptureGetInfo = reinterpret_cast<aclError (*)(void*, int*, void**)>(
         resolve_symbol(h, "aclmdlRICaptureGetInfo"));
@@ -143,11 +153,22 @@ bool load(const char* library_path, std::string* why) {
 
 }  // namespace
 
+// The process has one ACL runtime: the first library that loads.  Asking
+// for another library afterwards is an error, not a silent reuse.
 const Runtime* acl_runtime(const char* library_path, std::string* why) {
     static std::mutex mu;
     static bool loaded = false;
+    static std::string loaded_from;
     std::lock_guard<std::mutex> lock(mu);
-    if (!loaded) loaded = load(library_path, why);
+    std::string wanted = library_path != nullptr ? library_path : "";
+    if (!loaded) {
+        loaded = load(library_path, why);
+        if (loaded) loaded_from = wanted;
+    } else if (!wanted.empty() && wanted != loaded_from) {
+        *why = "the ACL runtime is already loaded in this process" +
+               (loaded_from.empty() ? std::string() : " from " + loaded_from) + "; it cannot switch to " + wanted;
+        return nullptr;
+    }
     return loaded ? &kAcl : nullptr;
 }
 

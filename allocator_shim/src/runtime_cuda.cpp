@@ -39,6 +39,8 @@ struct Api {
     cudaError (*MemGetInfo)(size_t*, size_t*);
     cudaError (*GetLastError)();
     cudaError (*ThreadExchangeStreamCaptureMode)(int*);
+    cudaError (*GetDeviceCount)(int*);
+    const char* (*GetErrorString)(cudaError);
 } api;
 
 // Runs a call that is not stream-ordered (cudaMalloc, cudaFree, event
@@ -114,10 +116,13 @@ Status cu_memory_total(int device, size_t* total, int* code) {
     return on_device(device, code, [&] { return relaxed([&] { return api.MemGetInfo(&free_bytes, total); }); });
 }
 
+Status cu_device_count(int* count, int* code) { return status_of(api.GetDeviceCount(count), code); }
+const char* cu_error_string(int code) { return api.GetErrorString(code); }
+
 const Runtime kCuda = {"cuda",          cu_malloc,        cu_free,        cu_event_create,  cu_event_destroy,
                        cu_event_record, cu_event_query,   cu_event_sync,  cu_stream_wait,   cu_capturing,
                        cu_stream_sync,  cu_stream_device, cu_current_device, cu_memset,     cu_copy_to_host,
-                       cu_memory_total};
+                       cu_memory_total, cu_device_count, cu_error_string};
 
 bool load(std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_CUDART");
@@ -141,6 +146,8 @@ bool load(std::string* why) {
     ok &= resolve(h, "cudaMemGetInfo", &api.MemGetInfo, why);
     ok &= resolve(h, "cudaGetLastError", &api.GetLastError, why);
     ok &= resolve(h, "cudaThreadExchangeStreamCaptureMode", &api.ThreadExchangeStreamCaptureMode, why);
+    ok &= resolve(h, "cudaGetDeviceCount", &api.GetDeviceCount, why);
+    ok &= resolve(h, "cudaGetErrorString", &api.GetErrorString, why);
     api.StreamGetDevice = reinterpret_cast<cudaError (*)(void*, int*)>(resolve_symbol(h, "cudaStreamGetDevice"));
     return ok;
 }

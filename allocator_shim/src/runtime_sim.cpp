@@ -22,6 +22,7 @@ namespace {
 constexpr int kOk = 0, kInvalid = 1, kOutOfMemory = 2;
 constexpr size_t kAlignment = 512;
 constexpr size_t kDefaultTotal = size_t(64) << 30;  // what memory_total reports without a limit
+constexpr int kDevices = 8;                          // devices the simulated runtime has
 
 thread_local int current_device = 0;
 
@@ -208,6 +209,22 @@ Status sim_memory_total(int, size_t* total, int* code) {
     return result(kOk, code);
 }
 
+Status sim_device_count(int* count, int* code) {
+    *count = kDevices;
+    return result(kOk, code);
+}
+
+const char* sim_error_string(int code) {
+    switch (code) {
+        case kInvalid:
+            return "invalid argument (simulated runtime)";
+        case kOutOfMemory:
+            return "out of memory (simulated runtime)";
+        default:
+            return "";
+    }
+}
+
 Status sim_stream_wait(Stream stream, Event event, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -233,7 +250,7 @@ Status sim_capturing(Stream stream, bool* capturing, int* code) {
 const Runtime kSim = {"sim",          sim_malloc,         sim_free,         sim_event_create,   sim_event_destroy,
                       sim_event_record, sim_event_query,  sim_event_sync,   sim_stream_wait,    sim_capturing,
                       sim_stream_sync,  sim_stream_device, sim_current_device, sim_memset,      sim_copy_to_host,
-                      sim_memory_total};
+                      sim_memory_total, sim_device_count, sim_error_string};
 
 }  // namespace
 

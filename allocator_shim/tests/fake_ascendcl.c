@@ -225,6 +225,12 @@ EXPORT aclError aclrtGetDevice(int32_t* deviceId) {
     return ACL_SUCCESS;
 }
 
+EXPORT aclError aclrtGetDeviceCount(uint32_t* count) {
+    if (count == NULL) return ACL_ERROR_INVALID_PARAM;
+    *count = 8;
+    return ACL_SUCCESS;
+}
+
 EXPORT aclError aclrtSetDevice(int32_t deviceId) {
     if (deviceId < 0 || deviceId > 7) return ACL_ERROR_INVALID_PARAM;
     current_device = deviceId;

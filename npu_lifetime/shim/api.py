@@ -61,6 +61,11 @@ def runtime_name() -> str:
     return library().npl_runtime_name().decode()
 
 
+def device_count() -> int:
+    """Devices the selected runtime sees (-1 when none is selected)."""
+    return library().npl_device_count()
+
+
 def alloc(size: int, device: int = 0, stream: int = 0) -> int:
     """A block of ``size`` bytes for ``stream``; 0 for a zero-byte request or
     when out of memory (``last_oom_message()`` and ``findings()`` say why)."""

@@ -52,6 +52,7 @@ _PROTOTYPES = {
     "npl_select_runtime": (_I, [_STR, _STR]),
     "npl_probe_runtime": (_I, [_STR, _STR]),
     "npl_runtime_name": (_STR, []),
+    "npl_device_count": (_I, []),
     "npl_last_error": (_STR, []),
     "npl_last_oom_message": (_STR, []),
     "npl_reset": (None, []),
