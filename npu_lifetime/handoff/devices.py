@@ -52,6 +52,10 @@ class CudaHandoffDevice:
     def progress(self, stream) -> None:
         """Real streams progress by themselves."""
 
+    def sleep(self, cycles: int) -> None:
+        if cycles:
+            torch.cuda._sleep(cycles)
+
     def synchronize(self) -> None:
         torch.cuda.synchronize()
 
@@ -113,6 +117,9 @@ class SimHandoffDevice:
 
     def progress(self, stream) -> None:
         shim.sim.complete(self.handle(stream))
+
+    def sleep(self, cycles: int) -> None:
+        """The consumer's lag is modelled by ``progress`` here."""
 
     def synchronize(self) -> None:
         simdevice.synchronize()

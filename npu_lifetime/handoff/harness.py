@@ -38,9 +38,10 @@ class HarnessResult:
 
 
 class _Schedule:
-    def __init__(self, device, handoff, layers: int, width: int, heavy: int) -> None:
+    def __init__(self, device, handoff, layers: int, width: int, heavy: int, consumer_delay: int = 0) -> None:
         self.dev, self.h = device, handoff
         self.layers, self.width, self.heavy = layers, width, heavy
+        self.consumer_delay = consumer_delay  # device cycles each consumer waits before its last read
         self.n = width * width
         self.ag = device.Stream()
         self.compute = device.default_stream()
@@ -63,6 +64,7 @@ class _Schedule:
         self.compute.wait_stream(self.ag)
         h.before_last_use(buf, self.compute)
         with dev.stream(self.compute):
+            dev.sleep(self.consumer_delay)  # a slow consumer: its last read runs late
             params = buf.view(self.width, self.width).clone()  # the copy-out: last read of buf
         h.after_last_use(buf, self.compute)
         dev.progress(self.ag)
@@ -83,6 +85,7 @@ class _Schedule:
         self.rs.wait_stream(self.compute)
         h.before_last_use(grad, self.rs)
         with dev.stream(self.rs):
+            dev.sleep(self.consumer_delay)
             self.reduced.add_(grad, alpha=0.5)  # last read of grad
         h.after_last_use(grad, self.rs)
         dev.progress(self.rs)
@@ -129,11 +132,13 @@ def run_handoff(
     heavy: int = 3,
     steps: int = 1,
     sanitize: bool = True,
+    consumer_delay: int = 0,
 ) -> HarnessResult:
     """Runs ``steps`` passes of the schedule with ``handoff_class`` on
     ``device`` (a ``SimHandoffDevice`` or ``CudaHandoffDevice``), under the
-    lifetime sanitizer when ``sanitize``; returns outputs, peak active
-    memory (live + waiting on events) and findings."""
+    lifetime sanitizer when ``sanitize``; ``consumer_delay``: device cycles
+    each consumer spends before its last read (CUDA; a slow consumer).
+    Returns outputs, peak active memory (live + waiting on events) and findings."""
     import gc
 
     from ..sanitizer import LifetimeSanitizer
@@ -144,7 +149,7 @@ def run_handoff(
     if sanitizer is not None:
         sanitizer.enable()
     try:
-        schedule = _Schedule(device, handoff, layers, width, heavy)
+        schedule = _Schedule(device, handoff, layers, width, heavy, consumer_delay)
         device.synchronize()
         shim.process_events()  # blocks a previous run left waiting have fired by now
         shim.reset_peak()

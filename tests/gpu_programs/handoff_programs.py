@@ -29,7 +29,7 @@ def harness(width="256", layers="6", steps="2", sanitize="1"):
     return out
 
 
-def debug(width="1024", layers="6", runs="3"):
+def debug(width="512", layers="6", runs="3", delay="20000000"):
     """Every hand-off with the shim in debug mode, several runs each: the
     broken ones must show NaN in their outputs on every run, the correct ones
     the recipe's outputs; and the step-time cost of debug mode for record_use."""
@@ -43,7 +43,8 @@ def debug(width="1024", layers="6", runs="3"):
         nan_runs, same_runs = 0, 0
         for _ in range(int(runs)):
             shim.set_debug(True)
-            r = run_handoff(device, cls, layers=int(layers), width=int(width), heavy=3, steps=1, sanitize=False)
+            r = run_handoff(device, cls, layers=int(layers), width=int(width), heavy=3, steps=1, sanitize=False,
+                            consumer_delay=int(delay))  # a slow consumer: its last read runs late
             shim.set_debug(False)
             if reference is None:
                 reference = r.outputs
