@@ -14,22 +14,29 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     config = FuzzConfig(
         schedules=args.schedules, seed=args.seed, jobs=args.jobs, max_steps=args.max_steps,
-        max_streams=args.max_streams, max_events=args.max_events,
+        max_streams=args.max_streams, max_events=args.max_events, max_devices=args.max_devices,
         misuse=not args.no_misuse, execute=args.execute,
     )
     progress = Progress(config.schedules, "fuzz", "schedules")
     result = fuzz(config, progress=None if args.quiet else progress)
     progress.close()
+    checks = "the lifetime model vs its independent oracle (happens-before graph)"
+    if config.execute:
+        checks += ", and the model's verdicts on the simulated device"
     print(
-        f"checked {result.checked} schedules in {result.seconds:.1f} s "
-        f"({result.per_minute:,.0f} schedules/min, {config.jobs} job(s), seed {config.seed}); "
-        f"{'1 disagreement' if result.failure else '0 disagreements'}"
+        f"checked {result.checked} schedules ({result.tally.steps} steps) in {result.seconds:.1f} s: "
+        f"{result.per_minute:,.0f} schedules/min, {result.steps_per_minute:,.0f} steps/min, "
+        f"{config.jobs} job(s), seed {config.seed}"
     )
+    print(f"compared: {checks}")
+    print(f"{'1 disagreement' if result.failure else '0 disagreements'}")
+    for line in result.tally.describe():
+        print(line)
     if result.failure is None:
         return 0
     print(f"\nminimal failing schedule (worker {result.failure.worker}, seed {config.seed + result.failure.worker}):")
     print(result.failure.problem)
-    print("\n# reproducer\n" + result.failure.schedule.to_python())
+    print("\n# reproducer\n" + result.failure.schedule.to_python(result.failure.check))
     return 1
 
 
@@ -133,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--max-streams", type=int, default=4)
     p.add_argument("--max-events", type=int, default=3)
+    p.add_argument("--max-devices", type=int, default=2, help="devices the streams are spread over (default 2)")
     p.add_argument("--no-misuse", action="store_true", help="no double frees, use-after-free or unrecorded waits")
     p.add_argument("--execute", action="store_true", help="also check verdicts on the simulated device (slower)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
@@ -173,7 +181,7 @@ def main(argv: Optional[list] = None) -> int:
     # a CPU torch without numpy says so at import; it is not ours to report
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     args = _parser().parse_args(argv)
-    for name in ("schedules", "jobs", "max_steps", "max_streams"):
+    for name in ("schedules", "jobs", "max_steps", "max_streams", "max_devices"):
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
