@@ -41,12 +41,16 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .sanitizer.runner import check_script, write_json
+    from .sanitizer.runner import EXIT_USAGE, CheckError, check_script, write_json
 
-    result = check_script(
-        args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
-        live=not args.no_live, on_race=args.on_race,
-    )
+    try:
+        result = check_script(
+            args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
+            live=not args.no_live, on_race=args.on_race, strict=args.strict,
+        )
+    except CheckError as err:
+        print(f"npu-lifetime check: {err}", file=sys.stderr)
+        return EXIT_USAGE
     print(result.report)
     write_json(result, args.json)
     return result.exit_code
@@ -146,13 +150,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=_fuzz)
 
-    p = sub.add_parser("check", help="run a script under the lifetime sanitizer; exit 1 on findings")
+    p = sub.add_parser(
+        "check", help="run a script under the lifetime sanitizer",
+        description="Runs SCRIPT under the lifetime sanitizer and reports its findings. Exit codes: "
+                    "0 clean (latent findings may be listed), 1 findings that fail the check (data races, "
+                    "reuse races, uncovered frees a reuse race followed, invalid frees...; with --strict "
+                    "every contract violation), 2 bad usage (no such script, a device this machine lacks), "
+                    "3 the script itself failed.",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")
     p.add_argument("--policy", default="poll", choices=["poll", "stream_wait"])
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--no-live", action="store_true", help="leave out storages still alive at the end")
     p.add_argument("--on-race", default="collect", choices=["collect", "warn", "raise"])
+    p.add_argument("--strict", action="store_true",
+                   help="fail on every contract violation: latent uncovered frees and live uncovered uses too")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_check)

@@ -57,9 +57,16 @@ def test_tensor_lists_and_multiple_outputs():
     assert (ptr(values), True) in found and (ptr(indices), True) in found
 
 
-def test_empty_factories_write_nothing():
+def test_empty_factories_allocate_and_write_nothing():
     e = torch.empty(3)
-    assert accesses(aten.empty.memory_format, ([3],), outputs=e) == []
+    [found] = op_accesses(aten.empty.memory_format, ([3],), {}, e, lambda t: True)
+    assert (found.storage, found.fresh, found.accessed, found.is_write) == (ptr(e), True, False, False)
+
+
+def test_in_place_view_ops_touch_no_data():
+    a = torch.ones(4, 4)
+    assert accesses(aten.t_.default, (a,), outputs=a) == []
+    assert accesses(aten.unsqueeze_.default, (a, 0), outputs=a) == []
 
 
 def test_views_of_one_storage_are_one_access():
@@ -110,7 +117,10 @@ def test_json_form_of_findings():
     [entry] = json.loads(json.dumps(san.to_json()))
     assert entry["kind"] == "uncovered_free" and entry["usage_stream"].startswith("sim stream")
     assert entry["last_use"]["op"] == "aten::mul" and entry["alloc_site"][0]["function"] == "buggy"
-    assert entry["fix"] and entry["text"].startswith("[uncovered free]")
+    assert entry["fix"] and entry["text"].startswith("[uncovered free, latent]")
+    assert entry["actual"] is False and entry["fails"] is False and entry["count"] == 1
+    assert "not reused" in entry["latent_reasons"][0]["reason"]
+    assert "sim stream" in entry["fix"] and "(0, " not in entry["fix"]  # named, not raw keys
 
 
 def test_flush_reports_live_storages_per_usage_stream():

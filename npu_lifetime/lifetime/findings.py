@@ -39,9 +39,9 @@ class Access:
 
     @property
     def what(self) -> str:
-        """``aten::add_ (self)``: the op and the arguments that touched the storage."""
+        """``aten::add_[self]``: the op and the arguments that touched the storage."""
         name = self.op or self.verb
-        return f"{name} ({', '.join(self.args)})" if self.args else name
+        return f"{name}[{', '.join(self.args)}]" if self.args else name
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ _FREED_MEMORY = 1 << 16
 # How many outstanding uses of uncovered frees are tracked for reuse races;
 # the oldest are forgotten beyond this (a bound on memory, not on correctness
 # for any program that synchronises now and then).
-_OUTSTANDING_CAP = 1 << 14
+_OUTSTANDING_CAP = 1 << 12
 
 
 class ModelInputError(ValueError):

@@ -3,28 +3,37 @@ is formatted when a report needs it (CSAN extracts a full StackSummary on
 every access, a large part of its cost)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
 from typing import Optional
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tools around the user's code: test runners, launchers, property testing
+_TOOL_PACKAGES = ("torch", "functorch", "_pytest", "pytest", "pluggy", "hypothesis", "_hypothesis_pytestplugin")
 _INTERNAL: Optional[tuple] = None
 
 
+def _package_dir(name: str) -> Optional[str]:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        return None
+    origin = os.path.abspath(spec.origin)
+    return os.path.dirname(origin) if spec.submodule_search_locations else origin
+
+
 def _internal(filename: str) -> bool:
-    """Frames of this package, torch, and the standard library (weakref
-    finalizers, runpy) are not where a user looks."""
+    """Frames of this package, torch, the standard library (weakref
+    finalizers, runpy), test runners and console-script launchers
+    (``npu-lifetime``, ``pytest``) are not where a user looks."""
     global _INTERNAL
     if _INTERNAL is None:
-        import torch
-
-        _INTERNAL = (
-            _PACKAGE_DIR,
-            os.path.dirname(os.path.abspath(torch.__file__)),
-            sysconfig.get_paths()["stdlib"],
-        )
-    return filename.startswith(_INTERNAL)
+        paths = sysconfig.get_paths()
+        dirs = [_PACKAGE_DIR + os.sep, paths["stdlib"] + os.sep, paths["scripts"] + os.sep]
+        dirs += [d for d in map(_package_dir, _TOOL_PACKAGES) if d]
+        _INTERNAL = tuple(dirs)
+    return filename.startswith("<") or filename.startswith(_INTERNAL)
 
 
 class Site:
@@ -59,6 +68,38 @@ class Site:
 
     def __repr__(self) -> str:
         return f"Site({self.innermost()})"
+
+
+class Untracked:
+    """The site of a storage allocated before the sanitizer was enabled."""
+
+    __slots__ = ()
+
+    def user_frames(self) -> list:
+        return []
+
+    def innermost(self) -> str:
+        return "<allocated before the sanitizer was enabled: its allocation was not seen>"
+
+    def format(self, limit: int = 6) -> str:
+        return "    " + self.innermost()
+
+    def to_json(self) -> list:
+        return [{"file": None, "line": None, "function": self.innermost()}]
+
+    def __str__(self) -> str:
+        return self.innermost()
+
+    __repr__ = __str__
+
+
+UNTRACKED = Untracked()
+
+
+def key(site) -> object:
+    """What identifies a site for grouping findings (equal captures at the
+    same code location compare equal)."""
+    return site.frames if isinstance(site, Site) else site
 
 
 def capture(depth: int = 24, skip: int = 1) -> Optional[Site]:
