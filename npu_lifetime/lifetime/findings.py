@@ -7,7 +7,7 @@ need to be printable; ``site_to_json`` turns them into JSON values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Hashable, NamedTuple, Optional
 
 Stream = Hashable
 Site = Any
@@ -18,12 +18,12 @@ def _stream_name(stream: Stream) -> str:
     return f"stream {stream}"
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+class Access(NamedTuple):
     """One read or write of a storage, as queued on ``stream``.
 
     ``clock`` is the stream's own logical time at the access: the access is
-    ordered before any point whose view of ``stream`` has reached it.
+    ordered before any point whose view of ``stream`` has reached it.  (A
+    named tuple: one is made per access, and a tuple is the cheapest to make.)
     """
 
     stream: Stream

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
+from dataclasses import replace
 from typing import Callable, Hashable, Iterable, Optional
 
 from .findings import (
@@ -104,8 +105,8 @@ class _Storage:
         # streams, and the pointwise maximum of the clocks of every record_use.
         self.last_use: dict = {}
         self.last_write_on: dict = {}
-        self.recorded: set = set()
-        self.use_cover: Clock = {}
+        self.recorded: Optional[set] = None  # made on first use: most storages never need them
+        self.use_cover: Optional[Clock] = None
         # Reuse state: outstanding uses of earlier owners of this memory, and
         # those already reported as racing with this owner.
         self.previous: Optional[list] = None
@@ -153,9 +154,16 @@ class _OutstandingIndex:
         if len(self.records) > _OUTSTANDING_CAP:
             oldest = self.order.popleft()
             oldest.retired = True
-            self.prune()
+            self._remove(oldest)
             return oldest
         return None
+
+    def _remove(self, rec: _Outstanding) -> None:
+        i = bisect_left(self.starts, rec.address)
+        while self.records[i] is not rec:
+            i += 1
+        del self.starts[i]
+        del self.records[i]
 
     def overlapping(self, start: int, end: int) -> list:
         found = []
@@ -182,8 +190,7 @@ class _OutstandingIndex:
         self.starts = [a for a, _ in kept]
         self.records = [r for _, r in kept]
         self.order = deque(r for r in self.order if not r.retired)
-        if not self.records:
-            self.max_size = 0
+        self.max_size = max((r.end - r.address for r in self.records), default=0)
 
 
 class LifetimeModel:
@@ -302,11 +309,12 @@ class LifetimeModel:
             allocation = Access(stream, 0, True, "<allocated before tracking>", site)
         else:
             allocation = self._tick(stream, True, "<allocation>", site, ())
-        self._freed.pop(storage, None)
+        if self._freed:
+            self._freed.pop(storage, None)
         s = self._live[storage] = _Storage(address, size, stream, site, allocation)
         if address is not None:
             self._by_address[address] = storage
-            if size and not preexisting:
+            if size and not preexisting and self._outstanding.records:
                 self._link_previous_owners(s)
 
     def set_size(self, storage: Hashable, size: int) -> None:
@@ -340,8 +348,13 @@ class LifetimeModel:
             s = self._live_or_report(storage, stream, op or ("write" if is_write else "read"), site, missing)
             if s is None:
                 return self._deliver(missing)
-        acc = self._tick(stream, is_write, op, site, args)
-        vc = self._streams[stream].vc
+        st = self._streams[stream]
+        vc = st.vc
+        if st.host_epoch != self._host_epoch:
+            _join(vc, self._host)
+            st.host_epoch = self._host_epoch
+        tick = vc[stream] = vc[stream] + 1
+        acc = Access(stream, tick, is_write, op, site, args)
         found: list = []
         prior = s.last_write
         if prior.stream != stream and vc.get(prior.stream, 0) < prior.clock:
@@ -375,6 +388,8 @@ class LifetimeModel:
         found: list = []
         s = self._live_or_report(storage, stream, "record_stream", site, found)
         if s is not None and stream != s.alloc_stream:
+            if s.recorded is None:
+                s.recorded = set()
             s.recorded.add(stream)
         return self._deliver(found)
 
@@ -382,7 +397,7 @@ class LifetimeModel:
         """torch_npu's eraseStream: withdraws an earlier record_stream."""
         found: list = []
         s = self._live_or_report(storage, stream, "erase_stream", site, found)
-        if s is not None:
+        if s is not None and s.recorded is not None:
             s.recorded.discard(stream)
         return self._deliver(found)
 
@@ -392,23 +407,35 @@ class LifetimeModel:
         found: list = []
         s = self._live_or_report(storage, stream, "record_use", site, found)
         if s is not None and stream != s.alloc_stream:
+            if s.use_cover is None:
+                s.use_cover = {}
             _join(s.use_cover, self._now(stream))
         return self._deliver(found)
 
     def free(self, storage: Hashable, site: Site = None) -> list:
-        """The storage's last reference is gone; returns the new findings."""
+        """The storage's last reference is gone; returns the new findings.
+        ``site`` may be a zero-argument callable returning the site: it is
+        called only if a finding needs it (capturing a stack costs)."""
         s = self._live.pop(storage, None)
         if s is None:
+            site = site() if callable(site) else site
             first = self._freed.get(storage, _NOT_FREED)
             reason = "unknown" if first is _NOT_FREED else "double"
             return self._deliver([InvalidFree(storage, reason, site, None if first is _NOT_FREED else first)])
         if s.address is not None:
             self._by_address.pop(s.address, None)
         if self._remember_frees:
+            if callable(site):
+                site = site()
             self._freed[storage] = site
             if len(self._freed) > self._remember_frees:
                 self._freed.popitem(last=False)
-        found = self._uncovered(storage, s, site, live=False)
+        found = self._uncovered(storage, s, None if callable(site) else site, live=False)
+        if not found:
+            return found
+        if callable(site):
+            site = site()
+            found = [replace(f, free_site=site) for f in found]
         for finding in found:
             self._leave_outstanding(storage, s, finding)
         return self._deliver(found)
@@ -474,7 +501,7 @@ class LifetimeModel:
             changed |= _join(self._host, clock)
         if changed:
             self._host_epoch += 1
-            if self._outstanding:
+            if self._outstanding.records:
                 self._retire_completed()
 
     def _retire_completed(self) -> None:
@@ -497,14 +524,18 @@ class LifetimeModel:
         """Pointwise maximum of every point the allocator would wait for."""
         cover = dict(self._host)
         _join(cover, self._streams[s.alloc_stream].vc)
-        _join(cover, s.use_cover)
-        for stream in s.recorded:
+        if s.use_cover:
+            _join(cover, s.use_cover)
+        for stream in s.recorded or ():
             _join(cover, self._streams[stream].vc)
         return cover
 
     def _uncovered(self, storage, s: _Storage, site, live: bool) -> list:
-        if all(stream == s.alloc_stream for stream in s.last_use):
+        uses = s.last_use
+        if not uses or (len(uses) == 1 and s.alloc_stream in uses):
             return []  # uses on the allocation stream need nothing
+        if all(stream == s.alloc_stream for stream in uses):
+            return []
         cover = self._release_clock(s)
         return [
             UncoveredFree(
@@ -533,7 +564,7 @@ class LifetimeModel:
             forgotten.free.outcome.forgotten = True
 
     def _link_previous_owners(self, s: _Storage) -> None:
-        if not self._outstanding:
+        if not self._outstanding.records:
             return
         previous = self._outstanding.overlapping(s.address, s.address + s.size)
         if previous:

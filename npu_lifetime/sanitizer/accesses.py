@@ -19,7 +19,7 @@ an op that both reads and writes a storage writes it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -31,24 +31,31 @@ _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)
 _READ, _WRITE, _SKIP = False, True, None
 
 
-@dataclass(slots=True)
 class StorageAccess:
-    storage: int  # the storage's base address
-    nbytes: int
-    is_write: bool
-    tensor: torch.Tensor  # one tensor on it (the simulated device watches it)
-    names: list = field(default_factory=list)  # argument names, for reports
-    device_index: int = 0
-    fresh: bool = False  # a fresh output of the op (allocated by it)
-    accessed: bool = True  # False: allocated by the op, data untouched (``empty``)
+    """One storage an op touched (or, for an ``empty``-like factory, made)."""
+
+    __slots__ = ("storage", "is_write", "tensor", "names", "device_index", "fresh", "accessed")
+
+    def __init__(self, storage: int, tensor: torch.Tensor, device_index: int, fresh: bool, accessed: bool) -> None:
+        self.storage = storage  # the storage's base address
+        self.is_write = False
+        self.tensor = tensor  # one tensor on it (the simulated device watches it)
+        self.names: list = []  # argument names, for reports
+        self.device_index = device_index
+        self.fresh = fresh  # a fresh output of the op (allocated by it)
+        self.accessed = accessed  # False: allocated by the op, data untouched (``empty``)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.untyped_storage().nbytes()
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """Per op, computed once from its schema."""
 
-    arguments: tuple  # (name, mode) per positional argument: _READ, _WRITE or _SKIP
-    by_name: dict  # name -> (name, mode), for keyword arguments
+    arguments: tuple  # (position, name, mode) per tensor argument: _READ or _WRITE
+    by_name: dict  # name -> mode, for tensor arguments passed by keyword
     fresh_returns: tuple  # per return: whether it is a fresh storage
     allocates_only: bool  # an empty-like factory
     collective: bool  # a c10d collective (runs on its backend's stream)
@@ -80,22 +87,27 @@ def plan(func) -> Plan:
     return p
 
 
+def _holds_tensors(argument) -> bool:
+    return "Tensor" in str(argument.type)
+
+
 def _make_plan(func) -> Plan:
     schema = func._schema
     semantics = collectives.semantics(schema.name)
+    tensor_args = [(i, a) for i, a in enumerate(schema.arguments) if _holds_tensors(a)]
     if semantics is not None:
         written, _ = semantics
-        arguments = tuple((a.name, a.name in written) for a in schema.arguments)
-        return Plan(arguments, {a[0]: a for a in arguments}, (), False, True, True)
+        arguments = tuple((i, a.name, a.name in written) for i, a in tensor_args)
+        return Plan(arguments, {name: mode for _, name, mode in arguments}, (), False, True, True)
     if torch.Tag.inplace_view in func.tags:
         return Plan((), {}, (), False, False, False)  # shape and strides only
     arguments = tuple(
-        (a.name, _SKIP if a.alias_info is not None and not a.alias_info.is_write else a.alias_info is not None)
-        for a in schema.arguments
+        (i, a.name, a.alias_info is not None) for i, a in tensor_args
+        if a.alias_info is None or a.alias_info.is_write  # an alias without a write is a view: no data
     )
-    fresh_returns = tuple(r.alias_info is None for r in schema.returns)
-    touches = any(mode is not _SKIP for _, mode in arguments) or any(fresh_returns)
-    return Plan(arguments, {a[0]: a for a in arguments}, fresh_returns,
+    fresh_returns = tuple(r.alias_info is None and _holds_tensors(r) for r in schema.returns)
+    touches = bool(arguments) or any(fresh_returns)
+    return Plan(arguments, {name: mode for _, name, mode in arguments}, fresh_returns,
                 bool(_NO_DATA_FACTORY.match(schema.name)), False, touches)
 
 
@@ -110,38 +122,46 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
     argument order, then its fresh outputs."""
     p = plan(func)
     found: dict = {}
+    count = len(args)
+    for i, name, mode in p.arguments:
+        if i < count:
+            _note_all(found, args[i], mode, name, False, tracked)
+    if kwargs:
+        for name, value in kwargs.items():
+            mode = p.by_name.get(name)
+            if mode is not None:
+                _note_all(found, value, mode, name, False, tracked)
+    if p.fresh_returns:
+        written = not p.allocates_only
+        for fresh, value in zip(p.fresh_returns, _outputs(len(p.fresh_returns), outputs)):
+            if fresh:
+                _note_all(found, value, written, "out", True, tracked)
+    return list(found.values()) if found else []
 
-    def note(t: torch.Tensor, is_write: bool, name: str, fresh: bool = False, accessed: bool = True) -> None:
-        if not tracked(t):
-            return
-        try:
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-        except (RuntimeError, NotImplementedError):  # sparse, meta, storage-less...
-            return
-        if ptr == 0:
-            return
-        entry = found.get(ptr)
-        if entry is None:
-            entry = found[ptr] = StorageAccess(
-                ptr, storage.nbytes(), False, t, [], t.device.index or 0, fresh, accessed)
-        else:
-            entry.fresh |= fresh
-            entry.accessed |= accessed
-        entry.is_write |= is_write
-        entry.names.append(name)
 
-    for (name, mode), value in zip(p.arguments, args):
-        if mode is not _SKIP:
-            for t in _tensors(value):
-                note(t, mode, name)
-    for name, value in kwargs.items():
-        spec = p.by_name.get(name)
-        if spec is not None and spec[1] is not _SKIP:
-            for t in _tensors(value):
-                note(t, spec[1], name)
-    for fresh, value in zip(p.fresh_returns, _outputs(len(p.fresh_returns), outputs)):
-        if fresh:
-            for t in _tensors(value):
-                note(t, not p.allocates_only, "out", fresh=True, accessed=not p.allocates_only)
-    return list(found.values())
+def _note_all(found: dict, value, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:
+    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:  # the common case
+        _note(found, value, is_write, name, fresh, tracked)
+    elif value is not None and not isinstance(value, (int, float, bool)):
+        for t in _tensors(value):
+            _note(found, t, is_write, name, fresh, tracked)
+
+
+def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:
+    if not tracked(t):
+        return
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse, meta, storage-less...
+        return
+    if ptr == 0:
+        return
+    entry = found.get(ptr)
+    if entry is None:
+        # an empty-like factory's output is allocated, not accessed
+        entry = found[ptr] = StorageAccess(ptr, t, max(t.get_device(), 0), fresh, not fresh or is_write)
+    else:
+        entry.fresh |= fresh
+        entry.accessed |= not fresh or is_write
+    entry.is_write |= is_write
+    entry.names.append(name)

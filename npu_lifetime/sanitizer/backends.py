@@ -9,6 +9,7 @@ raw handle)``: handle 0, the default stream, exists on every device.
 """
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from typing import Callable, Optional
@@ -135,6 +136,8 @@ def _blocks_from_snapshot(segments, stream_field: str = "stream") -> dict:
 class CudaBackend(_TraceBackend):
     device_type = "cuda"
 
+    tracks = staticmethod(operator.attrgetter("is_cuda"))  # called per tensor per op: no Python frame
+
     def check_available(self) -> None:
         if not torch.cuda.is_available():
             raise DeviceUnavailable(
@@ -256,6 +259,8 @@ class SimBackend(Backend):
     device_type = "cpu"
     allocations_by_first_sight = True
 
+    tracks = staticmethod(operator.attrgetter("is_cpu"))
+
     def check_available(self) -> None:
         return None
 
@@ -292,11 +297,24 @@ class SimBackend(Backend):
 
 
 class _SimListener:
+    """The simulated device's listener: each of its notifications becomes a
+    device event of the simulated backend's hub."""
+
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
 
-    def __getattr__(self, name: str):
-        return lambda *args: self.hub.event(name, *args)
+
+def _forward(name: str):
+    def method(self, *args):
+        self.hub.event(name, *args)
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
+              "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync"):
+    setattr(_SimListener, _name, _forward(_name))
 
 
 _BACKENDS: dict = {}

@@ -29,7 +29,7 @@ _lock = threading.Lock()
 _active: tuple = ()  # enabled sanitizers (replaced, never mutated)
 _by_type: dict = {}  # device type -> enabled sanitizers tracking it
 _backends: tuple = ()  # their distinct backends
-_depth = 16  # site capture depth: the largest any enabled sanitizer asked for
+_depth = 8  # user frames per site: the most any enabled sanitizer asked for
 _mode: Optional["_Mode"] = None
 
 _KINDS = {
@@ -76,7 +76,7 @@ def _set_active(sanitizers: tuple) -> None:
         by_type.setdefault(s.backend.device_type, ())
         by_type[s.backend.device_type] += (s,)
     _backends = tuple(dict.fromkeys(s.backend for s in sanitizers))
-    _depth = max((s.stack_depth for s in sanitizers), default=16)
+    _depth = max((s.stack_depth for s in sanitizers), default=8)
     _by_type = by_type
     _active = sanitizers
 
@@ -103,7 +103,8 @@ class _Mode(TorchDispatchMode):
             for s in sanitizers:
                 s.lifetime_op(func, args, kwargs)
             return func(*args, **kwargs)
-        if not accesses.plan(func).touches_data:
+        plan = accesses.plan(func)
+        if not plan.touches_data:
             return func(*args, **kwargs)
         frame = OpFrame(sites.capture(_depth, skip=1))
         outer = push_frame(frame)
@@ -116,7 +117,7 @@ class _Mode(TorchDispatchMode):
             _replay_held(frame)  # what the op did issue still happened
             raise
         pop_frame(outer)
-        error = _feed(func, args, kwargs, outputs, frame, sanitizers)
+        error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers)
         if error is not None:
             raise error
         return outputs
@@ -127,17 +128,21 @@ def _replay_held(frame: OpFrame) -> None:
         hub.deliver(name, args)
 
 
-def _feed(func, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple):
+def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple):
     """Replays the op into each sanitizer; returns the first error one of
     them wants raised (a data race under ``on_race="raise"``)."""
     error = None
     op_name = func._schema.name
     for backend in _backends:
         found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks)
-        events = [(name, a) for hub, name, a in frame.held if hub is backend.hub]
+        events = [(name, a) for hub, name, a in frame.held if hub is backend.hub] if frame.held else ()
         if not found and not events:
             continue
-        feed = _in_device_order(backend, func, args, kwargs, outputs, found, events)
+        if events or plan.collective:
+            feed = _in_device_order(backend, func, plan, args, kwargs, outputs, found, events)
+        else:  # the common case: the op's accesses on the current stream
+            current = backend.current_stream(_op_device(backend, found))
+            feed = (("accesses", (current, found, current)),)
         for s in sanitizers:
             if s.backend is backend:
                 try:
@@ -151,6 +156,8 @@ def _op_device(backend, found: list) -> int:
     """A copy between two devices runs on the source device's stream."""
     if not found:
         return backend.current_device()
+    if len(found) == 1:
+        return found[0].device_index
     devices = {a.device_index for a in found}
     if len(devices) > 1:
         source = next((a for a in found if not a.is_write), found[0])
@@ -158,21 +165,21 @@ def _op_device(backend, found: list) -> int:
     return found[0].device_index
 
 
-def _in_device_order(backend, func, args, kwargs, outputs, found: list, events: list) -> list:
+def _in_device_order(backend, func, plan, args, kwargs, outputs, found: list, events) -> list:
     """The op's in-op events with ``("accesses", stream, found, fresh_stream)``
     put where the device runs them."""
     device = _op_device(backend, found)
     current = backend.current_stream(device)
     kinds = [_KINDS.get(name, lambda a: (OTHER, None))(a) for name, a in events]
     stream = current
-    if accesses.plan(func).collective:
+    if plan.collective:
         waiter = first_waiter(kinds)
         if waiter is not None:
             stream = waiter  # the backend's own stream, launched after the current one
         else:
             own = backend.collective_stream(collectives.group_number(func, args, kwargs), device)
             if own is not None:
-                return events + _on_own_stream(backend, own, current, found, outputs)
+                return [*events, *_on_own_stream(backend, own, current, found, outputs)]
     point = access_point(kinds, stream)
     return [*events[:point], ("accesses", (stream, found, current)), *events[point:]]
 

@@ -57,7 +57,7 @@ class LifetimeSanitizer:
         device: str = "cuda",
         on_race: str = "raise",
         warn_on_free: bool = True,
-        stack_depth: int = 16,
+        stack_depth: int = 8,
         strict: bool = False,
     ) -> None:
         if on_race not in ON_RACE:
@@ -174,16 +174,18 @@ class LifetimeSanitizer:
 
     def _accesses(self, stream: tuple, found: list, fresh_stream: tuple, op_name: str, site) -> list:
         model, storages = self.model, self.storages
-        self._stream(stream)
+        if not model.has_stream(stream):
+            self._stream(stream)
+        live = storages.live
         races: list = []
         for a in found:
-            sid = storages.get(a.storage)
+            sid = live.get(a.storage)
             if sid is None:
                 if a.fresh and self.backend.allocations_by_first_sight:
                     sid = storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
                 else:
                     sid = storages.adopt(a.storage, a.nbytes, a.device_index, a.tensor)
-            elif storages.has_sizeless():
+            elif storages.sizeless:
                 storages.sized(sid, a.nbytes)
             if a.accessed:
                 r = model.access(sid, stream, a.is_write, op_name, site, tuple(a.names))
@@ -323,8 +325,10 @@ class LifetimeSanitizer:
     def _free(self, address) -> list:
         """A storage's memory was freed; returns the model's findings (the
         shim defers reuse for the uncovered ones)."""
+        frame = current_frame()
+        site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
         with self._lock:
-            found = self.storages.free(address, self._site())
+            found = self.storages.free(address, site)
             new = self._findings.add(found) if found else ()
         if new and self.warn_on_free:
             self._warn_frees(new)
@@ -334,6 +338,9 @@ class LifetimeSanitizer:
         """The current op's site when inside one, else a fresh capture."""
         frame = current_frame()
         return frame.site if frame is not None else sites.capture(self.stack_depth, skip=3)
+
+    def _capture(self):
+        return sites.capture(self.stack_depth, skip=2)
 
     # -- announcing ---------------------------------------------------------------------
     def _keep(self, found: list) -> None:

@@ -26,8 +26,8 @@ class StorageTable:
         self.model = model
         self.backend = backend
         self._on_free = on_free  # watched storages (simulated device) report their death here
-        self._live: dict = {}  # address -> storage id
-        self._sizeless: set = set()  # ids allocated with an unknown size (trace allocations)
+        self.live: dict = {}  # address -> storage id (read directly on the hot path)
+        self.sizeless: set = set()  # ids allocated with an unknown size (trace allocations)
         self._ids = itertools.count(1)
         self._blocks_before: dict = {}  # address -> allocation stream, for storages from before tracking
 
@@ -37,21 +37,21 @@ class StorageTable:
         self._blocks_before = self.backend.live_blocks()
 
     def get(self, address: int) -> Optional[int]:
-        return self._live.get(address)
+        return self.live.get(address)
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self.live)
 
     def allocate(self, address: int, nbytes: int, stream: tuple, site, tensor=None) -> int:
         self._blocks_before.pop(address, None)
-        old = self._live.pop(address, None)
+        old = self.live.pop(address, None)
         if old is not None:  # its free was not seen (e.g. a storage resized in place)
-            self._sizeless.discard(old)
+            self.sizeless.discard(old)
             self.model.free(old, site)
         sid = next(self._ids)
-        self._live[address] = sid
+        self.live[address] = sid
         if not nbytes:
-            self._sizeless.add(sid)
+            self.sizeless.add(sid)
         self.model.allocate(sid, stream, address, nbytes, site)
         if tensor is not None and self.backend.allocations_by_first_sight:
             self.backend.watch(tensor, self._on_free)
@@ -63,7 +63,7 @@ class StorageTable:
         if not self.model.has_stream(stream):
             self.model.create_stream(stream, device=stream[0])
         sid = next(self._ids)
-        self._live[address] = sid
+        self.live[address] = sid
         self.model.allocate(sid, stream, address, nbytes, sites.UNTRACKED, preexisting=True)
         if tensor is not None and self.backend.allocations_by_first_sight:
             self.backend.watch(tensor, self._on_free)
@@ -71,17 +71,14 @@ class StorageTable:
 
     def sized(self, sid: int, nbytes: int) -> None:
         """The size of a storage allocated with none (known at first sight)."""
-        if sid in self._sizeless and nbytes:
-            self._sizeless.discard(sid)
+        if sid in self.sizeless and nbytes:
+            self.sizeless.discard(sid)
             self.model.set_size(sid, nbytes)
 
-    def has_sizeless(self) -> bool:
-        return bool(self._sizeless)
-
     def free(self, address: int, site) -> list:
-        sid = self._live.pop(address, None)
+        sid = self.live.pop(address, None)
         if sid is None:
             self._blocks_before.pop(address, None)
             return []  # allocated before the sanitizer was enabled and never used since
-        self._sizeless.discard(sid)
+        self.sizeless.discard(sid)
         return self.model.free(sid, site=site)
