@@ -17,6 +17,10 @@ class SimDevice:
     def ones(n):
         return torch.ones(n)
 
+    @staticmethod
+    def empty(n):
+        return torch.empty(n)
+
 
 class CudaDevice:
     name = "cuda"
@@ -28,6 +32,10 @@ class CudaDevice:
     @staticmethod
     def ones(n):
         return torch.ones(n, device="cuda")
+
+    @staticmethod
+    def empty(n):
+        return torch.empty(n, device="cuda")
 
 
 DEVICES = [
