@@ -143,13 +143,14 @@ class ReuseOutcome:
     def actual(self) -> bool:
         return self.race is not None
 
-    def reason(self) -> str:
+    def reason(self, name: "Namer" = None) -> str:
         """Why no reuse raced with the use (so far), or which one did."""
+        name = name or _stream_name
         if self.race is not None:
             return "a new owner of the memory accessed it while the use could still be running (reuse race)"
         if self.safe_reuse is not None:
             how = "the host had synchronised past the use" if self.safe_by_host else (
-                f"{self.safe_reuse.stream} had waited for the use's stream (wait_stream / wait_event)")
+                f"{name(self.safe_reuse.stream)} had waited for the use's stream (wait_stream / wait_event)")
             return (f"the memory was reused, and the new owner's accesses were ordered after the use: "
                     f"{how}")
         if self.host_synced:

@@ -19,6 +19,11 @@ for the user.
   the current stream.  On CUDA/NPU the backend's own events do this and the
   trace reports them.  ``Work.wait`` and ``Work.block_current_stream`` are
   wrapped once, on the first collective seen; nothing else depends on it.
+  A gloo collective issued from C++ (DDP's reducer, ``_broadcast_coalesced``)
+  is waited for in C++, where nothing reports the wait: it is taken as
+  ordered on the current stream (its accesses are still checked there);
+  only collectives issued through ``torch.distributed``'s Python API, whose
+  Work comes back to Python, run on the group's own stream.
 """
 from __future__ import annotations
 
@@ -82,6 +87,25 @@ def group_number(func, args: tuple, kwargs: dict) -> int:
     return entry[1]
 
 
+_PASSED = ("/torch/_dynamo/", "/torch/_compile.py", "/torch/utils/_python_dispatch.py", "/torch/_ops.py")
+
+
+def launched_from_python_api(frame) -> bool:
+    """Whether the collective being dispatched was issued through
+    ``torch.distributed``'s Python API (its Work goes back to Python), as
+    opposed to from C++ code that also waits for it in C++.  ``frame`` is
+    the dispatch mode's frame."""
+    import os
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(package) and not any(p in filename for p in _PASSED):
+            return filename.endswith(os.path.join("distributed", "distributed_c10d.py"))
+        frame = frame.f_back
+    return False
+
+
 def work_of(outputs):
     """The Work script object a collective returned, if any."""
     for value in outputs if isinstance(outputs, tuple) else (outputs,):
@@ -136,11 +160,13 @@ class _Works:
         wait, block = work_class.wait, work_class.block_current_stream
 
         def wait_for_work(work, *args, **kwargs):
-            done = wait(work, *args, **kwargs)
+            # Noted before the wait: the backend's own completion steps run
+            # inside it (gloo copies results into outputs there) and come after
+            # the collective, like everything the host issues later.
             entry = works._take(work)
             if entry is not None:
                 entry[2]("on_event_sync", entry[1])
-            return done
+            return wait(work, *args, **kwargs)
 
         def block_current_stream(work, *args, **kwargs):
             out = block(work, *args, **kwargs)

@@ -16,6 +16,7 @@ therefore never pops another mode off the stack.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Optional
 
@@ -176,7 +177,7 @@ def _in_device_order(backend, func, plan, args, kwargs, outputs, found: list, ev
         waiter = first_waiter(kinds)
         if waiter is not None:
             stream = waiter  # the backend's own stream, launched after the current one
-        else:
+        elif collectives.launched_from_python_api(sys._getframe(1)):
             own = backend.collective_stream(collectives.group_number(func, args, kwargs), device)
             if own is not None:
                 return [*events, *_on_own_stream(backend, own, current, found, outputs)]

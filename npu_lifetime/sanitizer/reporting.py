@@ -68,10 +68,12 @@ class GroupInfo:
 
 
 class Findings:
-    """The retained findings of one sanitizer, grouped."""
+    """The retained findings of one sanitizer, grouped; ``name`` names
+    streams in the reasons given for latent frees."""
 
-    def __init__(self) -> None:
+    def __init__(self, name=None) -> None:
         self._groups: dict = {}
+        self._name = name
 
     def add(self, findings: list) -> list:
         """Retains ``findings``; returns those that opened a new group."""
@@ -101,16 +103,16 @@ class Findings:
     def drain(self) -> tuple:
         """The retained findings and their groups' info, cleared."""
         groups, self._groups = self._groups, {}
-        return [g.first for g in groups.values()], {id(g.first): _info(g) for g in groups.values()}
+        return [g.first for g in groups.values()], {id(g.first): _info(g, self._name) for g in groups.values()}
 
     def info(self, finding) -> Optional[GroupInfo]:
         g = self._groups.get(group_key(finding))
-        return None if g is None else _info(g)
+        return None if g is None else _info(g, self._name)
 
 
-def _info(g: Group) -> GroupInfo:
+def _info(g: Group, name) -> GroupInfo:
     actual = g.actual or any(o.actual for o in g.outcomes)
-    reasons = Counter(o.reason() for o in g.outcomes if not o.actual)
+    reasons = Counter(o.reason(name) for o in g.outcomes if not o.actual)
     return GroupInfo(g.count, actual, tuple(reasons.most_common()))
 
 

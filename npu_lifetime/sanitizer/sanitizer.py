@@ -71,7 +71,7 @@ class LifetimeSanitizer:
         self.enabled = False
         self.model = LifetimeModel(retain=False, remember_frees=0)
         self.storages = StorageTable(self.model, self.backend, self._free)
-        self._findings = Findings()
+        self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
         self._lock = threading.RLock()
         self._known_events: set = set()
@@ -115,7 +115,7 @@ class LifetimeSanitizer:
         the cross-stream uses a free right now would leave uncovered."""
         with self._lock:
             retained, infos = self._findings.drain()
-            live = Findings()
+            live = Findings(self.describe)
             live.add(self.model.uncovered_live())
             live_found, live_infos = live.drain()
         self._flushed = {**infos, **live_infos}
@@ -146,6 +146,27 @@ class LifetimeSanitizer:
     def failing(self, findings: list) -> list:
         """Those of ``findings`` that fail the check (all with ``strict``)."""
         return [f for f in findings if self.info(f).fails(f, self.strict)]
+
+    def summary(self, findings: list, reports: int = 5) -> dict:
+        """A JSON-ready summary of ``findings``: counts by kind (occurrences
+        included), those that fail the check, the reasons the latent ones
+        are latent, and the first ``reports`` reports."""
+        from collections import Counter
+
+        kinds, failing, reasons = Counter(), Counter(), Counter()
+        for f in findings:
+            info = self.info(f)
+            kinds[f.kind] += info.count
+            if info.fails(f, self.strict):
+                failing[f.kind] += info.count
+            elif isinstance(f, UncoveredFree):
+                for reason, n in info.reasons or (("still alive", 1),):
+                    reasons[reason] += n
+        return {
+            "findings": dict(kinds), "failing": dict(failing), "latent_reasons": dict(reasons),
+            "reports": [self.report([f]) for f in self.failing(findings)[:reports]]
+            + [self.report([f]) for f in findings if f not in self.failing(findings)][: max(0, reports - len(failing))],
+        }
 
     def describe(self, stream_key) -> str:
         return self.backend.describe(stream_key)
