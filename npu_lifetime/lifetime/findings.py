@@ -134,7 +134,6 @@ class ReuseOutcome:
 
     reuses: int = 0  # new owners of (part of) the memory seen so far
     safe_reuse: Optional[Access] = None  # a new owner's first access ordered after the use
-    safe_by_host: bool = False  # ... because the host had synchronised past the use
     host_synced: bool = False  # the host synchronised past the use: nothing can race any more
     forgotten: bool = False  # no longer tracked (too many outstanding uses)
     race: Optional[ReuseRace] = None
@@ -149,10 +148,8 @@ class ReuseOutcome:
         if self.race is not None:
             return "a new owner of the memory accessed it while the use could still be running (reuse race)"
         if self.safe_reuse is not None:
-            how = "the host had synchronised past the use" if self.safe_by_host else (
-                f"{name(self.safe_reuse.stream)} had waited for the use's stream (wait_stream / wait_event)")
             return (f"the memory was reused, and the new owner's accesses were ordered after the use: "
-                    f"{how}")
+                    f"{name(self.safe_reuse.stream)} had waited for the use's stream (wait_stream / wait_event)")
         if self.host_synced:
             return "the host synchronised past the use before any reuse could race with it"
         if self.forgotten:

@@ -586,7 +586,6 @@ class LifetimeModel:
             if vc.get(target.stream, 0) >= target.clock:
                 if outcome.safe_reuse is None:
                     outcome.safe_reuse = acc
-                    outcome.safe_by_host = self._host.get(target.stream, 0) >= target.clock
                 continue
             if s.raced is None:
                 s.raced = set()
