@@ -146,7 +146,7 @@ def synchronize() -> None:
     _notify("on_device_sync", DEVICE_INDEX)
 
 
-_read_back: dict = {}  # op -> True, False, or "mask" (boolean-mask indexing only)
+_read_back: dict = {}  # id(op) -> (op, True / False / "mask" (boolean-mask indexing only))
 
 
 def reads_back_to_host(func, args: tuple) -> bool:
@@ -154,9 +154,10 @@ def reads_back_to_host(func, args: tuple) -> bool:
     depend on the data's values (torch tags them ``data_dependent_output``
     or ``dynamic_output_shape``), boolean-mask indexing among ``index``'s
     forms, and ``equal``."""
-    kind = _read_back.get(func)
-    if kind is None:
-        kind = _read_back[func] = _read_back_kind(func)
+    entry = _read_back.get(id(func))  # ops hash in Python, ids do not
+    if entry is None or entry[0] is not func:
+        entry = _read_back[id(func)] = (func, _read_back_kind(func))
+    kind = entry[1]
     if kind == "mask":
         import torch
 

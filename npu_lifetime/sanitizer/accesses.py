@@ -77,14 +77,14 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-_plans: dict = {}
+_plans: dict = {}  # id(op) -> (op, plan): ops hash in Python, ids do not
 
 
 def plan(func) -> Plan:
-    p = _plans.get(func)
-    if p is None:
-        p = _plans[func] = _make_plan(func)
-    return p
+    entry = _plans.get(id(func))
+    if entry is None or entry[0] is not func:
+        entry = _plans[id(func)] = (func, _make_plan(func))
+    return entry[1]
 
 
 def _holds_tensors(argument) -> bool:
@@ -117,10 +117,11 @@ def _outputs(count: int, outputs: Any) -> tuple:
     return tuple(outputs) if isinstance(outputs, (list, tuple)) else ()
 
 
-def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable) -> list:
+def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable, p: Plan = None) -> list:
     """The storages ``func`` touched, for tensors ``tracked(t)`` accepts, in
-    argument order, then its fresh outputs."""
-    p = plan(func)
+    argument order, then its fresh outputs (``p``: its plan, if at hand)."""
+    if p is None:
+        p = plan(func)
     found: dict = {}
     count = len(args)
     for i, name, mode in p.arguments:

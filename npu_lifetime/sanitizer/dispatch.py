@@ -100,7 +100,7 @@ class _Mode(TorchDispatchMode):
         sanitizers = _active
         if not sanitizers:
             return func(*args, **kwargs)
-        if func in self._lifetime:
+        if func is self._lifetime[0] or func is self._lifetime[1]:
             for s in sanitizers:
                 s.lifetime_op(func, args, kwargs)
             return func(*args, **kwargs)
@@ -135,7 +135,7 @@ def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple):
     error = None
     op_name = func._schema.name
     for backend in _backends:
-        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks)
+        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan)
         events = [(name, a) for hub, name, a in frame.held if hub is backend.hub] if frame.held else ()
         if not found and not events:
             continue
