@@ -45,24 +45,31 @@ def test_check_lists_a_latent_free_and_fails_on_it_only_when_strict(tmp_path, ca
 
 
 REUSED = """
+import ctypes
 import torch
 from npu_lifetime import simdevice as sd
+from npu_lifetime.sanitizer import watchers
+
+pool = (ctypes.c_float * 1024)()
+
+
+def from_pool(n):  # a toy allocator that always hands out the same memory
+    t = torch.frombuffer(pool, dtype=torch.float32, count=n)
+    watchers.track_allocation(t, sd.current_stream())
+    return t
+
 
 side = sd.Stream()
-x = torch.ones(1024)
-start, end = x.data_ptr(), x.data_ptr() + 4096
+x = from_pool(1024)
+x.fill_(1.0)
+address = x.data_ptr()
 side.wait_stream(sd.default_stream())
 with sd.stream(side):
     y = x.sum()
 del x  # uncovered: the read on side may still be queued
-others = []
-for _ in range(1024):  # until the CPU allocator hands (part of) x's memory to a new owner
-    z = torch.empty(512)  # on the default stream
-    if start <= z.data_ptr() < end:
-        break
-    others.append(z)
+z = from_pool(512)  # a new owner of half that memory, on the default stream
 z.fill_(7.0)  # not ordered after the read on side: the corruption itself
-print("reused", start <= z.data_ptr() < end)
+print("reused", z.data_ptr() == address)
 """
 
 

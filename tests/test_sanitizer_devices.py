@@ -135,34 +135,34 @@ def test_a_race_in_a_loop_is_one_finding_with_its_count(dev):
     assert isinstance(race, DataRace) and san.count(race) == 20
 
 
-def new_owner_at(dev, start: int, end: int, n: int):
-    """Allocates on the current stream until a tensor lands in [start, end)
-    (the caching allocator hands a freed block back at once; the CPU
-    allocator after a few tries); returns it and the others made meanwhile."""
-    others = []
-    for _ in range(1024):
-        z = dev.empty(n)
-        if start <= z.data_ptr() < end:
-            return z, others
-        others.append(z)
-    raise AssertionError("the allocator never reused the freed memory")
-
-
-def test_a_reuse_race_makes_the_uncovered_free_actual(dev):
+def owners_of_one_block(dev, race: bool):
+    """x (on the default stream) read on side and freed uncovered; then a new
+    owner of (part of) the same memory, written on the default stream after
+    waiting for side or not."""
     san = sanitizer(dev)
     with san:
         side = dev.Stream()
-        x = dev.ones(1024)
-        start, end = x.data_ptr(), x.data_ptr() + 4096
+        first, second = dev.REUSE_SIZES
+        x = dev.reused_empty(first)
+        x.fill_(1.0)
+        address = x.data_ptr()
         side.wait_stream(dev.default_stream())
         with dev.stream(side):
             x.sum()
         del x  # uncovered
         gc.collect()
-        z, others = new_owner_at(dev, start, end, 512)  # part of x's memory: a split block on the CPU
-        z.fill_(1.0)  # not ordered after the read on side
+        if not race:
+            dev.default_stream().wait_stream(side)  # the next owner waits for side first
+        z = dev.reused_empty(second)  # on the simulated device, half of x's memory: a split block
+        assert z.data_ptr() == address  # the memory really went to a new owner
+        z.fill_(7.0)
+        del z
         gc.collect()
-    found = san.flush()
+    return san, san.flush()
+
+
+def test_a_reuse_race_makes_the_uncovered_free_actual(dev):
+    san, found = owners_of_one_block(dev, race=True)
     [race] = [f for f in found if isinstance(f, ReuseRace)]
     [free] = [f for f in found if isinstance(f, UncoveredFree) and not f.live]
     assert race.previous_use.op == "aten::sum" and race.access.op == "aten::fill_"
@@ -170,21 +170,7 @@ def test_a_reuse_race_makes_the_uncovered_free_actual(dev):
 
 
 def test_a_reuse_ordered_after_the_use_leaves_the_free_latent_and_says_why(dev):
-    san = sanitizer(dev)
-    with san:
-        side = dev.Stream()
-        x = dev.ones(1024)
-        start, end = x.data_ptr(), x.data_ptr() + 4096
-        side.wait_stream(dev.default_stream())
-        with dev.stream(side):
-            x.sum()
-        del x  # uncovered ...
-        gc.collect()
-        dev.default_stream().wait_stream(side)  # ... but the next owner waits for side first
-        z, others = new_owner_at(dev, start, end, 512)
-        z.fill_(1.0)
-        gc.collect()
-    found = san.flush()
+    san, found = owners_of_one_block(dev, race=False)
     [free] = [f for f in found if isinstance(f, UncoveredFree) and not f.live]
     assert not any(isinstance(f, ReuseRace) for f in found)
     info = san.info(free)
