@@ -120,9 +120,16 @@ class FuzzResult:
         return self.tally.steps / self.seconds * 60 if self.seconds else 0.0
 
 
+_KIND_NAMES: dict = {}
+
+
 def _kind_name(step) -> str:
-    name = type(step).__name__
-    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    """``SyncDevice`` -> ``sync_device`` (once per step class)."""
+    cls = type(step)
+    name = _KIND_NAMES.get(cls)
+    if name is None:
+        name = _KIND_NAMES[cls] = "".join("_" + c.lower() if c.isupper() else c for c in cls.__name__).lstrip("_")
+    return name
 
 
 def check(schedule: Schedule, config: FuzzConfig, seed: int) -> tuple:

@@ -69,6 +69,8 @@ class _Builder:
 
     def __post_init__(self) -> None:
         self.cells = [_Cell() for _ in range(self.blocks * BLOCK_CELLS)]
+        self.occupied = [0] * self.blocks  # per block, a bit per owned cell
+        self.on_device = [[s for s in range(self.streams) if s % self.devices == d] for d in range(self.devices)]
 
     def add(self, kind: str, a: int, b: int, c: int) -> None:
         getattr(self, "_" + kind)(a, b, c)
@@ -97,18 +99,19 @@ class _Builder:
         that the allocation rule allows, streams chosen from ``stream_hint``."""
         out = []
         for block in range(self.blocks):
+            occupied = self.occupied[block]
             for offset, size in pieces:
+                if occupied & (((1 << size) - 1) << offset):
+                    continue
                 start = block * BLOCK_CELLS + offset
                 span = self.cells[start:start + size]
-                if any(c.owner is not None for c in span):
-                    continue
                 bound = {c.last_stream for c in span if c.last_stream is not None and not c.synced_since_free}
                 if len(bound) > 1:
                     continue
                 if bound:
                     stream = bound.pop()
                 else:
-                    on_device = [s for s in range(self.streams) if self._device_of(s) == self._block_device(block)]
+                    on_device = self.on_device[self._block_device(block)]
                     if not on_device:
                         continue
                     stream = on_device[stream_hint % len(on_device)]
@@ -121,6 +124,7 @@ class _Builder:
         self.live.append(t)
         self.storage[t] = t
         self.cells_of[t] = range(start, start + size)
+        self.occupied[start // BLOCK_CELLS] |= ((1 << size) - 1) << (start % BLOCK_CELLS)
         for cell in self.cells_of[t]:
             c = self.cells[cell]
             c.owner, c.last_stream, c.used = t, stream, True
@@ -163,7 +167,9 @@ class _Builder:
         self.steps.append(Free(t))
         root = self.storage[t]
         if root in self.cells_of:
-            for cell in self.cells_of.pop(root):
+            cells = self.cells_of.pop(root)
+            self.occupied[cells.start // BLOCK_CELLS] &= ~(((1 << len(cells)) - 1) << (cells.start % BLOCK_CELLS))
+            for cell in cells:
                 self.cells[cell].owner = None
                 self.cells[cell].synced_since_free = False
         gone = [x for x in self.live if self.storage[x] == root]
