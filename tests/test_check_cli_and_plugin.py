@@ -206,3 +206,14 @@ def test_bench_runs_a_benchmark_script_and_lists_unknown_names(capsys):
     assert main(["bench", "nope"]) == 2
     err = capsys.readouterr().err
     assert "no benchmark 'nope'" in err and "model" in err and "shim_alloc" in err
+
+
+def test_sites_show_user_frames_only(tmp_path):
+    """No launcher, runpy, CLI or pytest frame in any site: only the script's."""
+    out = tmp_path / "report.json"
+    path = script(tmp_path, HANDOFF.format(fix=""))
+    main(["check", "--device", "sim", "--json", str(out), path])
+    [finding] = json.loads(out.read_text())["findings"]
+    sites = [finding["alloc_site"], finding["free_site"], finding["last_use"]["site"]]
+    files = {frame["file"] for site in sites for frame in site}
+    assert files == {path}, files
