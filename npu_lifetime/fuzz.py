@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .schedules.properties import executor_violation, oracle_disagreement
+from .schedules.properties import executor_violation
 from .schedules.schedule import Op, Schedule
 from .schedules.strategies import BYTES_PER_STEP, build_schedule, random_schedule
 

@@ -6,7 +6,6 @@ import gc
 import warnings
 
 import pytest
-import torch
 
 import npu_lifetime
 from npu_lifetime.lifetime import DataRace, ReuseRace, UncoveredFree

@@ -199,7 +199,7 @@ class NpuBackend(_TraceBackend):
 
     def check_available(self) -> None:
         try:
-            import torch_npu  # noqa: F401
+            import torch_npu  # noqa: F401  (registers torch.npu)
         except ImportError:
             raise DeviceUnavailable(
                 "the lifetime sanitizer was asked for 'npu', but torch_npu is not installed; "
