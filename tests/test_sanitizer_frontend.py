@@ -224,3 +224,15 @@ def test_wrapper_subclasses_stand_for_their_inner_tensors():
     pair = TwoTensor(a, b)
     found = accesses(aten.mul.Tensor, (pair, 2.0), outputs=torch.ones(4))
     assert (ptr(a), False) in found and (ptr(b), False) in found
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_device_the_machine_lacks_is_an_error_not_a_silent_pass():
+    from npu_lifetime.sanitizer import DeviceUnavailable
+
+    with pytest.raises(DeviceUnavailable, match="no CUDA device"):
+        LifetimeSanitizer("cuda")
+    env = dict(os.environ, NPU_LIFETIME_SANITIZER="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", "import npu_lifetime.sanitizer"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "no CUDA device" in done.stderr
