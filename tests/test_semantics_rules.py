@@ -168,3 +168,19 @@ def test_an_ops_barrier_comes_before_its_accesses_and_its_record_after():
                 after=(RecordEvent(1, U), WaitEvent(A, 1))),
              Read(0, A))
     assert not any(k[0] == "data_race" for k in findings(*steps))
+
+
+def test_memory_the_allocator_holds_until_the_use_is_done_cannot_race():
+    from npu_lifetime.lifetime import LifetimeModel
+
+    m = LifetimeModel()
+    for s in (A, U):
+        m.create_stream(s)
+    m.allocate("x", A, address=0x1000, size=16)
+    m.wait_stream(U, A)
+    m.read("x", U)
+    [free] = m.free("x")
+    m.allocator_holds(free)  # the shim was told (note_use) and defers the reuse
+    m.allocate("z", A, address=0x1000, size=16)
+    assert m.write("z", A) == []
+    assert "allocator holds the memory" in free.outcome.reason()

@@ -135,6 +135,7 @@ class ReuseOutcome:
     reuses: int = 0  # new owners of (part of) the memory seen so far
     safe_reuse: Optional[Access] = None  # a new owner's first access ordered after the use
     host_synced: bool = False  # the host synchronised past the use: nothing can race any more
+    held_by_allocator: bool = False  # the allocator holds the memory until the use is done
     forgotten: bool = False  # no longer tracked (too many outstanding uses)
     race: Optional[ReuseRace] = None
 
@@ -150,6 +151,8 @@ class ReuseOutcome:
         if self.safe_reuse is not None:
             return (f"the memory was reused, and the new owner's accesses were ordered after the use: "
                     f"{name(self.safe_reuse.stream)} had waited for the use's stream (wait_stream / wait_event)")
+        if self.held_by_allocator:
+            return "the allocator holds the memory until the use is done (told by the sanitizer: note_use)"
         if self.host_synced:
             return "the host synchronised past the use before any reuse could race with it"
         if self.forgotten:

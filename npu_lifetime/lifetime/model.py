@@ -458,6 +458,13 @@ class LifetimeModel:
         retained, self.findings = self.findings, []
         return retained + self.uncovered_live()
 
+    def allocator_holds(self, free: UncoveredFree) -> None:
+        """The allocator will not hand out ``free``'s memory before its use is
+        done (the shim, told of the use by ``note_use``): no reuse can race
+        with it, whatever the program does."""
+        for rec in self._outstanding.retire(lambda r: r.free is free):
+            rec.free.outcome.held_by_allocator = True
+
     def outstanding_uses(self) -> int:
         """How many uses left by uncovered frees are still tracked."""
         return len(self._outstanding.records)

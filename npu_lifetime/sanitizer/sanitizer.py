@@ -331,6 +331,10 @@ class LifetimeSanitizer:
         with self._lock:
             self.storages.allocate(address, size, self._stream(key), self._site())
 
+    def allocator_holds(self, free: UncoveredFree) -> None:
+        with self._lock:
+            self.model.allocator_holds(free)
+
     def on_record_stream_ptr(self, address, key) -> None:
         with self._lock:
             sid = self.storages.get(address)

@@ -3,7 +3,8 @@ allocator: allocations and frees come from the shim's hooks (the device
 trace's memory callbacks do not fire under a pluggable allocator), each
 with its exact address range and stream; and for each uncovered free the
 shim is told of the outstanding use (``note_use``) from inside the free hook,
-so it holds the block back from reuse until that use is done."""
+so it holds the block back from reuse until that use is done; such a free
+stays latent (the allocator holds it), whatever reuses its memory later."""
 from __future__ import annotations
 
 from ..lifetime import UncoveredFree
@@ -33,8 +34,8 @@ class ShimLink:
 
         def on_free(ptr, _size, _device, _stream):
             for finding in sanitizer._free(ptr):
-                if isinstance(finding, UncoveredFree):
-                    api.note_use(ptr, finding.usage_stream[1])  # the shim defers the reuse
+                if isinstance(finding, UncoveredFree) and api.note_use(ptr, finding.usage_stream[1]):
+                    sanitizer.allocator_holds(finding)  # the shim defers the reuse: it cannot race
 
         self._subscription = hooks.subscribe(on_alloc, on_free)
         return True
