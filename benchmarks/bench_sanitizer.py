@@ -12,17 +12,11 @@ so no variant reports anything.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VARIANTS_GPU = ("none", "csan", "lifetime", "lifetime+shim")
-VARIANTS_SIM = ("none", "lifetime")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from variants import ROOT, alternate, run_child  # noqa: E402
 
 
 def workload(dev, steps: int) -> int:
@@ -47,7 +41,7 @@ def workload(dev, steps: int) -> int:
     return steps * 7
 
 
-def child(variant: str, device: str, steps: int, repeats: int) -> None:
+def _device(device: str):
     import torch
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -55,33 +49,18 @@ def child(variant: str, device: str, steps: int, repeats: int) -> None:
 
     dev = CudaDevice if device == "cuda" else SimDevice
     dev.randn = (lambda n: torch.randn(n, n, device="cuda")) if device == "cuda" else (lambda n: torch.randn(n, n))
-    if variant == "lifetime+shim":
-        import npu_lifetime
-
-        npu_lifetime.install("cuda")
-    if variant == "csan":
-        from torch.cuda._sanitizer import enable_cuda_sanitizer
-
-        enable_cuda_sanitizer()
-    sanitizer = None
-    if variant.startswith("lifetime"):
-        from npu_lifetime.sanitizer import LifetimeSanitizer
-
-        sanitizer = LifetimeSanitizer(device, on_race="raise").enable()
-    workload(dev, 20)  # warm-up: kernels, caches, streams
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ops = workload(dev, steps)
-        times.append(time.perf_counter() - t0)
-    if sanitizer is not None:
-        sanitizer.disable()
-        findings = [f for f in sanitizer.flush() if not getattr(f, "live", False)]
-        assert not findings, sanitizer.report(findings)
-    print(json.dumps({"times": times, "ops": ops}))
+    return dev
 
 
-def _device(parser: argparse.ArgumentParser, asked: "str | None") -> str:
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _pick_device(parser: argparse.ArgumentParser, asked: "str | None") -> str:
+    """CUDA where there is a GPU; else the simulated device, said aloud."""
     import torch
 
     if torch.cuda.is_available():
@@ -98,47 +77,22 @@ def _device(parser: argparse.ArgumentParser, asked: "str | None") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child")
-    parser.add_argument("--device", choices=["cuda", "sim"], help="default: cuda where a GPU is, else sim")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", choices=["cuda", "sim"], help="default: cuda when a GPU is present, else sim")
+    parser.add_argument("--rounds", type=_at_least_one, default=3)
+    parser.add_argument("--steps", type=_at_least_one, default=400)
+    parser.add_argument("--repeats", type=_at_least_one, default=7)
     args = parser.parse_args()
+    if not args.child:
+        args.device = _pick_device(parser, args.device)
     if args.child:
-        child(args.child, args.device, args.steps, args.repeats)
+        import torch
+
+        torch.set_num_threads(1)  # CPU ops: one thread, less noise
+        dev = _device(args.device)
+        run_child(args.child, args.device, lambda: workload(dev, 20), lambda: workload(dev, args.steps), args.repeats)
         return
-    args.device = _device(parser, args.device)
-    variants = VARIANTS_GPU if args.device == "cuda" else VARIANTS_SIM
-    samples: dict = {v: [] for v in variants}
-    ops = 0
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    for r in range(args.rounds):
-        for variant in variants if r % 2 == 0 else reversed(variants):
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", variant, "--device", args.device,
-                 "--steps", str(args.steps), "--repeats", str(args.repeats)],
-                capture_output=True, text=True, env=env, cwd=ROOT,
-            )
-            if done.returncode != 0:
-                raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-            samples[variant] += result["times"]
-            ops = result["ops"]
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    base = statistics.median(samples["none"])
-    print(f"workload: {ops} ops over 3 streams per run, device {args.device}; medians of "
-          f"{args.rounds} rounds x {args.repeats} runs")
-    print("columns: median milliseconds per workload run, microseconds per op, and time relative to no sanitizer "
-          "(x none: 1.00 = no overhead)" + ("; sim ops are CPU tensor ops, not GPU launches" if args.device == "sim"
-                                             else ""))
-    print(f"{'variant':<15} {'ms/run':>9} {'us/op':>8} {'x none':>8}")
-    for variant in variants:
-        median = statistics.median(samples[variant])
-        print(f"{variant:<15} {median * 1e3:>9.2f} {median / ops * 1e6:>8.2f} {median / base:>8.2f}")
-    if "csan" in samples:
-        ours = statistics.median(samples["lifetime"]) - base
-        csan = statistics.median(samples["csan"]) - base
-        print(f"lifetime overhead / CSAN overhead = {ours / csan:.2f} (below 1: the lifetime sanitizer adds less "
-              "time than CSAN)")
+    alternate(__file__, args.device, args.rounds, ["--steps", str(args.steps), "--repeats", str(args.repeats)],
+              "3-stream hand-off chain")
 
 
 if __name__ == "__main__":

@@ -24,32 +24,43 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     config = FuzzConfig(
         schedules=args.schedules, seed=args.seed, jobs=args.jobs, max_steps=args.max_steps,
-        max_streams=args.max_streams, max_events=args.max_events,
+        max_streams=args.max_streams, max_events=args.max_events, max_devices=args.max_devices,
         misuse=not args.no_misuse, execute=args.execute,
     )
     progress = Progress(config.schedules, "fuzz", "schedules")
     result = fuzz(config, progress=None if args.quiet else progress)
     progress.close()
+    checks = "the lifetime model vs its independent oracle (happens-before graph)"
+    if config.execute:
+        checks += ", and the model's verdicts on the simulated device"
     print(
-        f"checked {result.checked} schedules in {result.seconds:.1f} s "
-        f"({result.per_minute:,.0f} schedules/min, {config.jobs} job(s), seed {config.seed}); "
-        f"{'1 disagreement' if result.failure else '0 disagreements'}"
+        f"checked {result.checked} schedules ({result.tally.steps} steps) in {result.seconds:.1f} s: "
+        f"{result.per_minute:,.0f} schedules/min, {result.steps_per_minute:,.0f} steps/min, "
+        f"{config.jobs} job(s), seed {config.seed}"
     )
+    print(f"compared: {checks}")
+    print(f"{'1 disagreement' if result.failure else '0 disagreements'}")
+    for line in result.tally.describe():
+        print(line)
     if result.failure is None:
         return 0
     print(f"\nminimal failing schedule (worker {result.failure.worker}, seed {config.seed + result.failure.worker}):")
     print(result.failure.problem)
-    print("\n# reproducer\n" + result.failure.schedule.to_python())
+    print("\n# reproducer\n" + result.failure.schedule.to_python(result.failure.check))
     return 1
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .sanitizer.runner import check_script, write_json
+    from .sanitizer.runner import EXIT_USAGE, CheckError, check_script, write_json
 
-    result = check_script(
-        args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
-        live=not args.no_live, on_race=args.on_race,
-    )
+    try:
+        result = check_script(
+            args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
+            live=not args.no_live, on_race=args.on_race, strict=args.strict,
+        )
+    except CheckError as err:
+        print(f"npu-lifetime check: {err}", file=sys.stderr)
+        return EXIT_USAGE
     print(result.report)
     write_json(result, args.json)
     return result.exit_code
@@ -325,18 +336,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--max-streams", type=int, default=4)
     p.add_argument("--max-events", type=int, default=3)
+    p.add_argument("--max-devices", type=int, default=2, help="devices the streams are spread over (default 2)")
     p.add_argument("--no-misuse", action="store_true", help="no double frees, use-after-free or unrecorded waits")
     p.add_argument("--execute", action="store_true", help="also check verdicts on the simulated device (slower)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=_fuzz)
 
-    p = sub.add_parser("check", help="run a script under the lifetime sanitizer; exit 1 on findings")
+    p = sub.add_parser(
+        "check", help="run a script under the lifetime sanitizer",
+        description="Runs SCRIPT under the lifetime sanitizer and reports its findings. Exit codes: "
+                    "0 clean (latent findings may be listed), 1 findings that fail the check (data races, "
+                    "reuse races, uncovered frees a reuse race followed, invalid frees...; with --strict "
+                    "every contract violation), 2 bad usage (no such script, a device this machine lacks), "
+                    "3 the script itself failed.",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")
     p.add_argument("--policy", default="poll", choices=["poll", "stream_wait"])
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--no-live", action="store_true", help="leave out storages still alive at the end")
     p.add_argument("--on-race", default="collect", choices=["collect", "warn", "raise"])
+    p.add_argument("--strict", action="store_true",
+                   help="fail on every contract violation: latent uncovered frees and live uncovered uses too")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_check)
@@ -408,7 +429,7 @@ def main(argv: Optional[list] = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: --help, --version (0) and bad options (2, its message printed)
         return exit_.code
-    for name in ("schedules", "jobs", "max_steps", "max_streams"):  # fuzz's
+    for name in ("schedules", "jobs", "max_steps", "max_streams", "max_devices"):  # fuzz's
         if getattr(args, name, 1) < 1:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return EXIT_USAGE

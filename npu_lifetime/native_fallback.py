@@ -241,20 +241,18 @@ def _guard_resize(fallback: NativeFallback) -> None:
 
 
 # -- device APIs -------------------------------------------------------------------------------------
-def _raw_query(event_class: type):
-    """The event class's query from its C base, so that our own polling is
-    not seen as a host synchronisation by a sanitizer that wraps
-    ``Event.query``.  (One place to change when the sanitizer documents a
-    way for internal pollers.)"""
-    for cls in event_class.__mro__[1:]:
-        if "query" in vars(cls):
-            return vars(cls)["query"]
-    return event_class.query
+def _internal_query(event) -> bool:
+    """The event's query, made as an internal poller: a sanitizer does not
+    count our own polling as a host synchronisation the program could rely on."""
+    from .sanitizer.watchers import internal_polling
+
+    with internal_polling():
+        return event.query()
 
 
 class CudaAPI:
     def __init__(self) -> None:
-        self.query = _raw_query(torch.cuda.Event)
+        self.query = _internal_query
 
     def new_event(self):
         return torch.cuda.Event()
@@ -293,7 +291,7 @@ class NpuAPI(CudaAPI):
         import torch_npu
 
         self._npu = torch_npu.npu
-        self.query = _raw_query(torch_npu.npu.Event)
+        self.query = _internal_query
 
     def new_event(self):
         return self._npu.Event()

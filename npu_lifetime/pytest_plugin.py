@@ -1,15 +1,19 @@
 """pytest plugin: ``@pytest.mark.lifetime_sanitizer`` or the
 ``lifetime_sanitizer`` fixture runs a test under the lifetime sanitizer and
-fails it with the report when there are findings.
+fails it with the report when findings fail the check.
 
-    @pytest.mark.lifetime_sanitizer(device="cuda", live=False)
+    @pytest.mark.lifetime_sanitizer(device="cuda", live=False, strict=False)
     def test_handoff(): ...
 
     def test_other(lifetime_sanitizer):   # the sanitizer itself, to inspect
         ...
 
-``live=True`` also fails on storages still alive whose cross-stream uses a
-free would leave uncovered.
+By default the findings that fail a test are races, reuse races, uncovered
+frees a reuse race followed, and invalid frees; ``strict=True`` fails on
+every contract violation (latent uncovered frees too, and with ``live=True``
+the uses of storages still alive that a free would leave uncovered).  The
+report is attached to the test's output in every case, so a test that also
+fails for another reason (an assertion) keeps its lifetime findings.
 """
 from __future__ import annotations
 
@@ -23,8 +27,8 @@ _KEY = "_npu_lifetime_sanitizer"
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "lifetime_sanitizer(device='auto', live=False): run the test under the npu_lifetime "
-        "sanitizer; findings fail it",
+        "lifetime_sanitizer(device='auto', live=False, strict=False): run the test under the npu_lifetime "
+        "sanitizer; findings that fail the check fail the test",
     )
 
 
@@ -39,8 +43,10 @@ def _start(item):
 
     sanitizer = getattr(item, _KEY, None)
     if sanitizer is None:
-        device = resolve_device(_options(item).get("device", "auto"))
-        sanitizer = LifetimeSanitizer(device, on_race="collect", warn_on_free=False)
+        options = _options(item)
+        device = resolve_device(options.get("device", "auto"))
+        sanitizer = LifetimeSanitizer(device, on_race="collect", warn_on_free=False,
+                                      strict=bool(options.get("strict", False)))
         setattr(item, _KEY, sanitizer)
     return sanitizer.enable()
 
@@ -61,12 +67,25 @@ def pytest_runtest_call(item):
     sanitizer = _start(item)
     try:
         result = yield
-    finally:
-        gc.collect()
-        findings = sanitizer.flush()
-        sanitizer.disable()
+    except BaseException:
+        _finish(item, sanitizer)  # the test's own error stays the failure; the findings go with it
+        raise
+    text = _finish(item, sanitizer)
+    if text is not None:
+        pytest.fail(text, pytrace=False)
+    return result
+
+
+def _finish(item, sanitizer):
+    """Flushes and disables; attaches the report to the test's output and
+    returns it when findings fail the check."""
+    gc.collect()
+    findings = sanitizer.flush()
+    sanitizer.disable()
     if not _options(item).get("live", False):
         findings = [f for f in findings if not getattr(f, "live", False)]
-    if findings:
-        pytest.fail(sanitizer.report(findings), pytrace=False)
-    return result
+    if not findings:
+        return None
+    text = sanitizer.report(findings)
+    item.add_report_section("call", "npu_lifetime", text)
+    return text if sanitizer.failing(findings) else None

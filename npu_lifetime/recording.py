@@ -231,7 +231,9 @@ def _op_stream_args(stream) -> tuple:
     return stream.stream_id, stream.device_index, stream.device_type
 
 
-def _stream_from_op_args(stream_id: int, device_index: int, device_type: int):
+def stream_from_op_args(stream_id: int, device_index: int, device_type: int):
+    """The stream ``npu_lifetime::record_use``'s arguments name (a simdevice
+    stream for the CPU device type)."""
     if device_type == _CPU:
         return simdevice.Stream(_handle=stream_id)
     return torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
@@ -254,7 +256,7 @@ def _apply(tensor: torch.Tensor, stream) -> None:
 
 @torch.library.custom_op("npu_lifetime::record_use", mutates_args=())
 def _record_use_kernel(tensor: torch.Tensor, stream_id: int, device_index: int, device_type: int) -> None:
-    _apply(tensor, _stream_from_op_args(stream_id, device_index, device_type))
+    _apply(tensor, stream_from_op_args(stream_id, device_index, device_type))
 
 
 @_record_use_kernel.register_fake

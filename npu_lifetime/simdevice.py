@@ -6,6 +6,13 @@ synchronize/query``, ``synchronize()``), but CPU work runs at once: they
 exist so that stream code can be written, sanitized and fuzzed on a machine
 without an accelerator.  Listeners (the lifetime sanitizer) are told of every
 stream, event and synchronisation, as torch's GPU trace tells CSAN.
+
+Like CUDA, an op that reads device data back to the host (``.item()``,
+``float(t)``, ``nonzero()``, ``masked_select``, ``unique``, boolean-mask
+indexing...) synchronises the host with the current stream after its
+kernels: the sanitizer's dispatch mode calls ``op_ran`` for each op (CPU ops
+have no other hook), and such an op notifies a stream synchronisation.
+Copies have no host side here: every tensor is host memory.
 """
 from __future__ import annotations
 
@@ -137,3 +144,42 @@ def stream(s: Optional[Stream]):
 
 def synchronize() -> None:
     _notify("on_device_sync", DEVICE_INDEX)
+
+
+_read_back: dict = {}  # id(op) -> (op, True / False / "mask" (boolean-mask indexing only))
+
+
+def reads_back_to_host(func, args: tuple) -> bool:
+    """Whether CUDA synchronises the host after ``func``: ops whose outputs
+    depend on the data's values (torch tags them ``data_dependent_output``
+    or ``dynamic_output_shape``), boolean-mask indexing among ``index``'s
+    forms, and ``equal``."""
+    entry = _read_back.get(id(func))  # ops hash in Python, ids do not
+    if entry is None or entry[0] is not func:
+        entry = _read_back[id(func)] = (func, _read_back_kind(func))
+    kind = entry[1]
+    if kind == "mask":
+        import torch
+
+        indices = args[1] if len(args) > 1 else ()
+        return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    return kind
+
+
+def _read_back_kind(func):
+    import torch
+
+    tags = func.tags
+    if torch.Tag.data_dependent_output in tags:
+        return True
+    if torch.Tag.dynamic_output_shape in tags:
+        # only a boolean mask makes index's output shape depend on the data
+        return "mask" if func._schema.name == "aten::index" else True
+    return func._schema.name == "aten::equal"
+
+
+def op_ran(func, args: tuple) -> None:
+    """Called after each op on simulated-device tensors: an op that reads
+    data back to the host synchronises it with the current stream."""
+    if reads_back_to_host(func, args):
+        current_stream().synchronize()

@@ -1,9 +1,14 @@
 """The same stream API over the simulated device and real CUDA, so one test
 body checks both (CUDA cases skip cleanly without a GPU)."""
+import ctypes
+
 import pytest
 import torch
 
 from npu_lifetime import simdevice
+from npu_lifetime.sanitizer import watchers
+
+_POOL = (ctypes.c_float * 4096)()  # a toy allocator's memory: every tensor from it starts here
 
 
 class SimDevice:
@@ -17,6 +22,21 @@ class SimDevice:
     def ones(n):
         return torch.ones(n)
 
+    @staticmethod
+    def empty(n):
+        return torch.empty(n)
+
+    REUSE_SIZES = (1024, 512)  # the second owner takes half of the first's memory: a split block
+
+    @staticmethod
+    def reused_empty(n):
+        """A tensor over the same memory every time, allocated on the current
+        stream (a toy allocator that always reuses: the CPU allocator's reuse
+        is not deterministic)."""
+        t = torch.frombuffer(_POOL, dtype=torch.float32, count=n)
+        watchers.track_allocation(t, simdevice.current_stream())
+        return t
+
 
 class CudaDevice:
     name = "cuda"
@@ -28,6 +48,18 @@ class CudaDevice:
     @staticmethod
     def ones(n):
         return torch.ones(n, device="cuda")
+
+    @staticmethod
+    def empty(n):
+        return torch.empty(n, device="cuda")
+
+    # 5 MiB: larger than any block other tests leave cached, so the caching
+    # allocator hands the freed block straight back (best fit, same stream)
+    REUSE_SIZES = (5 << 18, 5 << 18)
+
+    @staticmethod
+    def reused_empty(n):
+        return torch.empty(n, device="cuda")
 
 
 DEVICES = [

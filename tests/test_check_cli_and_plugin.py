@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-
 from npu_lifetime.cli import main
 
 HANDOFF = """
@@ -30,13 +29,68 @@ def script(tmp_path, body, name="prog.py"):
     return str(path)
 
 
-def test_check_exits_1_on_findings_and_writes_json(tmp_path, capsys):
+def test_check_lists_a_latent_free_and_fails_on_it_only_when_strict(tmp_path, capsys):
     out = tmp_path / "report.json"
     path = script(tmp_path, HANDOFF.format(fix=""))
-    assert main(["check", "--device", "sim", "--json", str(out), path]) == 1
-    assert "[uncovered free]" in capsys.readouterr().out
+    assert main(["check", "--device", "sim", "--json", str(out), path]) == 0
+    text = capsys.readouterr().out
+    assert "0 fail the check, 1 latent" in text and "[uncovered free, latent]" in text
+    assert "why latent:    the memory was not reused while the sanitizer watched" in text
     [finding] = json.loads(out.read_text())["findings"]
     assert finding["kind"] == "uncovered_free" and finding["last_use"]["op"] == "aten::mul"
+    assert finding["fails"] is False and finding["actual"] is False
+    assert main(["check", "--device", "sim", "--strict", "--json", str(out), path]) == 1
+    assert "1 fail the check (strict" in capsys.readouterr().out
+    assert json.loads(out.read_text())["findings"][0]["fails"] is True
+
+
+REUSED = """
+import ctypes
+import torch
+from npu_lifetime import simdevice as sd
+from npu_lifetime.sanitizer import watchers
+
+pool = (ctypes.c_float * 1024)()
+
+
+def from_pool(n):  # a toy allocator that always hands out the same memory
+    t = torch.frombuffer(pool, dtype=torch.float32, count=n)
+    watchers.track_allocation(t, sd.current_stream())
+    return t
+
+
+side = sd.Stream()
+x = from_pool(1024)
+x.fill_(1.0)
+address = x.data_ptr()
+side.wait_stream(sd.default_stream())
+with sd.stream(side):
+    y = x.sum()
+del x  # uncovered: the read on side may still be queued
+z = from_pool(512)  # a new owner of half that memory, on the default stream
+z.fill_(7.0)  # not ordered after the read on side: the corruption itself
+print("reused", z.data_ptr() == address)
+"""
+
+
+def test_check_fails_on_a_reuse_race_and_the_free_it_made_actual(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["check", "--device", "sim", "--json", str(out), script(tmp_path, REUSED)]) == 1
+    text = capsys.readouterr().out
+    assert "reused True" in text  # the memory really went to a new owner
+    kinds = {f["kind"]: f for f in json.loads(out.read_text())["findings"]}
+    assert kinds["reuse_race"]["access"]["op"] == "aten::fill_" and kinds["reuse_race"]["fails"]
+    assert kinds["uncovered_free"]["actual"] is True and kinds["uncovered_free"]["fails"] is True
+    assert "[reuse race]" in text and "[uncovered free, ACTUAL" in text
+
+
+def test_check_rejects_a_missing_script_and_an_absent_device(tmp_path, capsys):
+    assert main(["check", "--device", "sim", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    if not __import__("torch").cuda.is_available():
+        assert main(["check", "--device", "cuda", script(tmp_path, "print('ran')")]) == 2
+        captured = capsys.readouterr()
+        assert "no CUDA device" in captured.err and "ran" not in captured.out
 
 
 def test_check_exits_0_when_clean(tmp_path, capsys):
@@ -56,11 +110,13 @@ def test_check_passes_arguments_to_the_script(tmp_path, capsys):
     assert "args ['--flag', '7']" in capsys.readouterr().out
 
 
-def test_check_live_storages_count_unless_excluded(tmp_path):
+def test_check_live_storages_are_latent_and_can_be_excluded(tmp_path, capsys):
     body = HANDOFF.format(fix="").replace("del x", "keep = x")
     path = script(tmp_path, body)
-    assert main(["check", "--device", "sim", path]) == 1
-    assert main(["check", "--device", "sim", "--no-live", path]) == 0
+    assert main(["check", "--device", "sim", path]) == 0
+    assert "[uncovered use, still alive]" in capsys.readouterr().out
+    assert main(["check", "--device", "sim", "--strict", path]) == 1
+    assert main(["check", "--device", "sim", "--strict", "--no-live", path]) == 0
 
 
 PLUGIN_TESTS = """
@@ -81,9 +137,18 @@ def handoff(fix):
     del x
     gc.collect()
 
-@pytest.mark.lifetime_sanitizer(device="sim")
+@pytest.mark.lifetime_sanitizer(device="sim", strict=True)
 def test_buggy():
     handoff(fix=False)
+
+@pytest.mark.lifetime_sanitizer(device="sim")
+def test_latent_only_fails_when_strict():
+    handoff(fix=False)
+
+@pytest.mark.lifetime_sanitizer(device="sim", strict=True)
+def test_fails_an_assertion_too():
+    handoff(fix=False)
+    assert 1 == 2, "the test's own failure"
 
 @pytest.mark.lifetime_sanitizer(device="sim")
 def test_fixed():
@@ -115,8 +180,11 @@ def test_pytest_plugin_fails_tests_with_findings(tmp_path):
         [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
         capture_output=True, text=True, cwd=tmp_path, env=env,
     )
-    assert "1 failed, 3 passed" in done.stdout, done.stdout + done.stderr
-    assert "test_buggy" in done.stdout and "[uncovered free]" in done.stdout
+    assert "2 failed, 4 passed" in done.stdout, done.stdout + done.stderr
+    assert "FAILED test_user.py::test_buggy" in done.stdout and "[uncovered free, latent]" in done.stdout
+    # the assertion stays the failure, and the lifetime findings are kept with it
+    failure = done.stdout.split("test_fails_an_assertion_too _")[1].split("short test summary")[0]
+    assert "the test's own failure" in failure and "npu_lifetime" in failure and "[uncovered free" in failure
 
 
 def test_snapshot_shows_blocks_streams_and_events(tmp_path, capsys, sim_shim):
@@ -138,3 +206,14 @@ def test_bench_runs_a_benchmark_script_and_lists_unknown_names(capsys):
     assert main(["bench", "nope"]) == 2
     err = capsys.readouterr().err
     assert "no benchmark 'nope'" in err and "model" in err and "shim_alloc" in err
+
+
+def test_sites_show_user_frames_only(tmp_path):
+    """No launcher, runpy, CLI or pytest frame in any site: only the script's."""
+    out = tmp_path / "report.json"
+    path = script(tmp_path, HANDOFF.format(fix=""))
+    main(["check", "--device", "sim", "--json", str(out), path])
+    [finding] = json.loads(out.read_text())["findings"]
+    sites = [finding["alloc_site"], finding["free_site"], finding["last_use"]["site"]]
+    files = {frame["file"] for site in sites for frame in site}
+    assert files == {path}, files

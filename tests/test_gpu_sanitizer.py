@@ -1,6 +1,11 @@
 """The sanitizer on real CUDA streams, beyond the table (which runs on CUDA
 in test_sanitizer_table.py): address reuse, retention, the shim."""
 import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +111,65 @@ def test_the_shim_defers_an_uncovered_free_the_sanitizer_found():
 def test_shim_allocations_reach_the_sanitizer():
     r = run_program("sanitizer_programs.py", "table_under_shim")
     assert r == {"record_use": [], "none": ["uncovered_free"], "record_stream": []}
+
+
+def test_the_shim_is_told_of_every_uncovered_use_under_warnings_as_errors():
+    r = run_program("sanitizer_programs.py", "warnings_as_errors_under_shim")
+    assert r["sanitizer"] == ["uncovered_free", "uncovered_free"]
+    assert r["shim"] == ["unrecorded_use", "unrecorded_use"] and not r["reused"]
+
+
+def test_a_reuse_race_under_the_native_allocator_is_actual_and_corrupts():
+    r = run_program("sanitizer_programs.py", "reuse_race_native_allocator")
+    assert r["reused"]  # the block really went to the new owner
+    assert r["kinds"] == ["reuse_race", "uncovered_free"] and r["failing"] == ["reuse_race", "uncovered_free"]
+    assert r["corrupted"]  # and the read on the side stream saw the new owner's data
+
+
+def test_a_storage_from_before_enable_has_the_stream_the_allocator_reports():
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.ones(1 << 16, device="cuda")  # allocated on side, before the sanitizer
+    torch.cuda.synchronize()
+    san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
+    with san:
+        x.sum()  # on the default stream, not ordered after side: a race with nothing (made before)
+        del x  # the default stream's use is uncovered: x belongs to side
+        gc.collect()
+    [f] = san.flush()
+    assert isinstance(f, UncoveredFree) and f.alloc_stream == (0, side.cuda_stream) and f.usage_stream[1] == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_cross_device_copy_runs_on_the_source_devices_stream():
+    san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
+    with san:
+        x = torch.ones(1 << 16, device="cuda:0")
+        y = x.to("cuda:1")  # on cuda:0's current stream, with barriers both ways
+        with torch.cuda.device(1):
+            z = y * 2  # cuda:1's stream waited for the copy
+        del x, y
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        gc.collect()
+    found = [f for f in san.flush() if not getattr(f, "live", False)]
+    assert found == [], san.report(found)
+    assert z.device.index == 1
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_nccl_collectives_are_accesses_on_nccls_stream_ordered_by_wait(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONWARNINGS="ignore", NCCL_NVLS_ENABLE="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         str(root / "tests/gpu_programs/collective_programs.py"), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["all_reduce_used_before_wait"]["races"] == ["aten::add_ after c10d::allreduce_"], r
+        assert r["all_to_all_output_used_before_wait"]["races"] == ["aten::add_ after c10d::alltoall_base_"], r
+        for clean in ("all_reduce_used_after_wait", "all_reduce_synchronous", "all_gather_into_tensor_after_wait"):
+            assert r[clean]["failing"] == [] and r[clean]["races"] == [], r[clean]["report"]

@@ -61,8 +61,11 @@ def test_record_use_peak_le_recipe_lt_record_stream(device, recipe):
 @pytest.mark.parametrize("cls", [BrokenDropOutsideOwnerStream, BrokenStashDroppedEarly, BrokenRecordUseBeforeLastRead])
 def test_broken_handoffs_are_reported(device, cls):
     result = run(device, cls)
-    assert result.finding_kinds == ["uncovered_free"]
-    assert all(f.usage_stream != f.alloc_stream for f in result.findings)
+    # the uncovered free, and (where the harness reuses that memory before
+    # the consumer is done) the reuse race it leads to
+    assert "uncovered_free" in result.finding_kinds
+    assert set(result.finding_kinds) <= {"uncovered_free", "reuse_race"}
+    assert all(f.usage_stream != getattr(f, "alloc_stream", None) for f in result.findings)
 
 
 def test_event_recorded_too_late_is_safe_but_over_reserves(device, recipe):

@@ -57,9 +57,16 @@ def test_tensor_lists_and_multiple_outputs():
     assert (ptr(values), True) in found and (ptr(indices), True) in found
 
 
-def test_empty_factories_write_nothing():
+def test_empty_factories_allocate_and_write_nothing():
     e = torch.empty(3)
-    assert accesses(aten.empty.memory_format, ([3],), outputs=e) == []
+    [found] = op_accesses(aten.empty.memory_format, ([3],), {}, e, lambda t: True)
+    assert (found.storage, found.fresh, found.accessed, found.is_write) == (ptr(e), True, False, False)
+
+
+def test_in_place_view_ops_touch_no_data():
+    a = torch.ones(4, 4)
+    assert accesses(aten.t_.default, (a,), outputs=a) == []
+    assert accesses(aten.unsqueeze_.default, (a, 0), outputs=a) == []
 
 
 def test_views_of_one_storage_are_one_access():
@@ -110,7 +117,10 @@ def test_json_form_of_findings():
     [entry] = json.loads(json.dumps(san.to_json()))
     assert entry["kind"] == "uncovered_free" and entry["usage_stream"].startswith("sim stream")
     assert entry["last_use"]["op"] == "aten::mul" and entry["alloc_site"][0]["function"] == "buggy"
-    assert entry["fix"] and entry["text"].startswith("[uncovered free]")
+    assert entry["fix"] and entry["text"].startswith("[uncovered free, latent]")
+    assert entry["actual"] is False and entry["fails"] is False and entry["count"] == 1
+    assert "not reused" in entry["latent_reasons"][0]["reason"]
+    assert "sim stream" in entry["fix"] and "(0, " not in entry["fix"]  # named, not raw keys
 
 
 def test_flush_reports_live_storages_per_usage_stream():
@@ -214,3 +224,15 @@ def test_wrapper_subclasses_stand_for_their_inner_tensors():
     pair = TwoTensor(a, b)
     found = accesses(aten.mul.Tensor, (pair, 2.0), outputs=torch.ones(4))
     assert (ptr(a), False) in found and (ptr(b), False) in found
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_device_the_machine_lacks_is_an_error_not_a_silent_pass():
+    from npu_lifetime.sanitizer import DeviceUnavailable
+
+    with pytest.raises(DeviceUnavailable, match="no CUDA device"):
+        LifetimeSanitizer("cuda")
+    env = dict(os.environ, NPU_LIFETIME_SANITIZER="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", "import npu_lifetime.sanitizer"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "no CUDA device" in done.stderr

@@ -1,7 +1,7 @@
 """The coverage and race rules behind the table: transitivity, host waits,
 erase_stream, views, address reuse, and what each finding carries."""
 from npu_lifetime.schedules import (
-    Alloc, EraseStream, Free, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
+    Alloc, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
     SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
@@ -88,3 +88,99 @@ def test_uncovered_free_names_the_last_uncovered_use():
 def test_flush_reports_live_storages_without_a_free():
     steps = (*CREATE, Read(0, U))
     assert findings(*steps) == [("uncovered_free", None, 0, U, 3)]
+
+
+# -- reuse races: a new owner of freed memory against the uses its free left ----
+
+def uncovered_then_reused(*between, new=(Alloc(1, A, 0x1000, 16),), access=Write(1, A)):
+    """x (16 cells) read on U and freed uncovered; ``between``; then a new
+    owner of (part of) its memory, allocated and accessed on A."""
+    return (Alloc(0, A, 0x1000, 16), Write(0, A), WaitStream(U, A), Read(0, U), Free(0), *between, *new, access)
+
+
+def test_a_new_owners_write_not_ordered_after_the_use_is_a_reuse_race():
+    found = findings(*uncovered_then_reused())
+    assert ("reuse_race", 6, 5, 0, U, 3) in found and ("uncovered_free", 4, 0, U, 3) in found
+
+
+def test_a_split_block_overlapping_the_freed_range_races_too():
+    found = findings(*uncovered_then_reused(new=(Alloc(1, A, 0x1008, 4),)))
+    assert ("reuse_race", 6, 5, 0, U, 3) in found
+
+
+def test_memory_outside_the_freed_range_does_not():
+    found = findings(*uncovered_then_reused(new=(Alloc(1, A, 0x1010, 4),)))
+    assert not any(k[0] == "reuse_race" for k in found)
+
+
+def test_a_new_owner_ordered_after_the_use_is_safe():
+    assert not any(k[0] == "reuse_race" for k in findings(*uncovered_then_reused(WaitStream(A, U))))
+    assert not any(k[0] == "reuse_race" for k in findings(*uncovered_then_reused(SyncStream(U))))
+
+
+def test_a_read_after_a_read_is_no_reuse_race():
+    found = findings(*uncovered_then_reused(access=Read(1, A)))
+    assert not any(k[0] == "reuse_race" for k in found)
+
+
+def test_a_reuse_race_is_reported_once_per_owner_and_use():
+    steps = uncovered_then_reused()
+    found = findings(*steps, Write(1, A), Read(1, W))
+    assert len([k for k in found if k[0] == "reuse_race"]) == 1
+
+
+def _model_outcomes(steps):
+    from npu_lifetime.lifetime import LifetimeModel
+    from npu_lifetime.schedules import Schedule, feed
+
+    model = LifetimeModel()
+    feed(Schedule(3, 2, steps), model)
+    return [f for f in model.findings if f.kind == "uncovered_free"]
+
+
+def test_the_outcome_says_why_a_free_is_latent_or_that_it_is_actual():
+    [free] = _model_outcomes(uncovered_then_reused())
+    assert free.actual and free.outcome.race is not None
+    [free] = _model_outcomes(uncovered_then_reused(WaitStream(A, U)))
+    assert not free.actual and "ordered after the use" in free.outcome.reason()
+    [free] = _model_outcomes(uncovered_then_reused(SyncStream(U)))
+    assert "host synchronised past the use before any reuse" in free.outcome.reason()
+    [free] = _model_outcomes((Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0)))
+    assert free.outcome.reason() == "the memory was not reused while the sanitizer watched"
+    [free] = _model_outcomes((Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0), SyncStream(U)))
+    assert "host synchronised past the use before any reuse" in free.outcome.reason()
+
+
+# -- ops that issue events of their own ------------------------------------------
+
+def test_an_ops_host_sync_comes_after_its_read():
+    # read on U, then the op syncs U: the later write on A is ordered after the read
+    steps = (Alloc(0, A, 0x1000), Write(0, A), WaitStream(U, A),
+             Op(U, reads=(0,), after=(SyncStream(U),)), Write(0, A))
+    assert not any(k[0] == "data_race" for k in findings(*steps))
+
+
+def test_an_ops_barrier_comes_before_its_accesses_and_its_record_after():
+    # a cross-device-copy-like op on U: U waits for A's write first; its
+    # completion event, waited on by A, orders A's later read after the copy
+    steps = (Alloc(0, A, 0x1000), Write(0, A),
+             Op(U, writes=(0,), before=(RecordEvent(0, A), WaitEvent(U, 0)),
+                after=(RecordEvent(1, U), WaitEvent(A, 1))),
+             Read(0, A))
+    assert not any(k[0] == "data_race" for k in findings(*steps))
+
+
+def test_memory_the_allocator_holds_until_the_use_is_done_cannot_race():
+    from npu_lifetime.lifetime import LifetimeModel
+
+    m = LifetimeModel()
+    for s in (A, U):
+        m.create_stream(s)
+    m.allocate("x", A, address=0x1000, size=16)
+    m.wait_stream(U, A)
+    m.read("x", U)
+    [free] = m.free("x")
+    m.allocator_holds(free)  # the shim was told (note_use) and defers the reuse
+    m.allocate("z", A, address=0x1000, size=16)
+    assert m.write("z", A) == []
+    assert "allocator holds the memory" in free.outcome.reason()

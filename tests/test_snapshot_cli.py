@@ -86,7 +86,7 @@ def test_sanitizer_findings_reach_the_timeline(tmp_path, capsys, sim_shim):
     assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 0
     capsys.readouterr()
     html = (tmp_path / "prog.snapshot.html").read_text()
-    assert "<tr><td>sanitizer</td>" in html and "[uncovered free]" in html
+    assert "<tr><td>sanitizer</td>" in html and "[uncovered free" in html
 
 
 def test_a_failing_script_exits_3_and_still_writes(tmp_path, capsys, sim_shim):

@@ -93,11 +93,9 @@ class SimHandoffDevice:
             raise MemoryError(f"the simulated runtime is out of memory: {shim.findings()}")
         t = torch.frombuffer((ctypes.c_byte * nbytes).from_address(ptr), dtype=torch.float32)
         weakref.finalize(t.untyped_storage(), shim.free, ptr, nbytes, 0, self.handle(stream))
-        from ..sanitizer.backends import active_backend
+        from ..sanitizer import watchers
 
-        backend = active_backend()
-        if backend is not None and backend.device_type == "cpu":
-            backend.sink.track_allocation(t, stream.key)
+        watchers.track_allocation(t, stream)
         return t
 
     def tensor(self, values: torch.Tensor) -> torch.Tensor:

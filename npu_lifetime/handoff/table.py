@@ -75,9 +75,11 @@ def _judge(kind: str, findings: list, same: bool, corrupts: bool, debug_read: st
         return ok, ("no finding, by design: the owner waits on an event recorded at the drop, after unrelated "
                     "consumer work; safe, only later than needed (owner stall time, not memory)"
                     if ok else "expected safe and clean")
-    ok = findings == ["uncovered_free"] and corrupts
-    return ok, ("caught: the free leaves the last read uncovered; the delayed read is corrupted"
-                if ok else "a broken hand-off went unreported or did not corrupt")
+    ok = "uncovered_free" in findings and set(findings) <= {"uncovered_free", "reuse_race"} and corrupts
+    raced = "reuse_race" in findings
+    return ok, ("caught: the free leaves the last read uncovered" +
+                ("; the next owner's write raced with it (actual)" if raced else " (latent here)") +
+                "; the delayed read is corrupted" if ok else "a broken hand-off went unreported or did not corrupt")
 
 
 def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1) -> tuple:

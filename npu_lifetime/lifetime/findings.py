@@ -6,19 +6,24 @@ need to be printable; ``site_to_json`` turns them into JSON values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Hashable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, NamedTuple, Optional
 
 Stream = Hashable
 Site = Any
+Namer = Callable[[Stream], str]  # a stream's name in a report
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+def _stream_name(stream: Stream) -> str:
+    return f"stream {stream}"
+
+
+class Access(NamedTuple):
     """One read or write of a storage, as queued on ``stream``.
 
     ``clock`` is the stream's own logical time at the access: the access is
-    ordered before any point whose view of ``stream`` has reached it.
+    ordered before any point whose view of ``stream`` has reached it.  (A
+    named tuple: one is made per access, and a tuple is the cheapest to make.)
     """
 
     stream: Stream
@@ -26,10 +31,17 @@ class Access:
     is_write: bool
     op: Optional[str] = None
     site: Site = None
+    args: tuple = ()  # the op's argument names that refer to the storage
 
     @property
     def verb(self) -> str:
         return "write" if self.is_write else "read"
+
+    @property
+    def what(self) -> str:
+        """``aten::add_[self]``: the op and the arguments that touched the storage."""
+        name = self.op or self.verb
+        return f"{name}[{', '.join(self.args)}]" if self.args else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,19 +52,20 @@ class DataRace:
     address: Optional[int]
     access: Access
     prior: Access
+    alloc_site: Site = None  # where the raced storage was allocated
     kind = "data_race"
 
     @property
     def race(self) -> str:
         return f"{self.access.verb}-after-{self.prior.verb}"
 
-    def fix(self) -> str:
+    def fix(self, name: Namer = _stream_name) -> str:
+        waiter, waitee = name(self.access.stream), name(self.prior.stream)
         return (
-            f"make stream {self.access.stream} wait for stream {self.prior.stream} "
-            f"after the {self.prior.verb} ({self.prior.op or 'op'}) and before the "
-            f"{self.access.verb} ({self.access.op or 'op'}): "
-            f"`stream{self.access.stream}.wait_stream(stream{self.prior.stream})` or "
-            f"an event recorded on stream {self.prior.stream} and waited on."
+            f"make {waiter} wait for {waitee} after the {self.prior.verb} "
+            f"({self.prior.op or 'op'}) and before the {self.access.verb} ({self.access.op or 'op'}): "
+            f"`<{waiter}>.wait_stream(<{waitee}>)`, or an event recorded on {waitee} and "
+            "waited on. record_stream/record_use do not order accesses."
         )
 
 
@@ -71,15 +84,82 @@ class UncoveredFree:
     alloc_site: Site
     free_site: Site
     live: bool = False
+    # what happened to the memory afterwards (None for a live storage)
+    outcome: Optional["ReuseOutcome"] = field(default=None, compare=False, repr=False)
     kind = "uncovered_free"
 
-    def fix(self) -> str:
-        u, a = self.usage_stream, self.alloc_stream
+    @property
+    def actual(self) -> bool:
+        """A reuse race followed: the hazard became corruption."""
+        return self.outcome is not None and self.outcome.race is not None
+
+    def fix(self, name: Namer = _stream_name) -> str:
+        u, a = name(self.usage_stream), name(self.alloc_stream)
         return (
-            f"after the last use on stream {u} ({self.last_use.op or self.last_use.verb}), "
-            f"call `record_use(x, stream{u})`; or `x.record_stream(stream{u})` "
-            f"before the free; or `stream{a}.wait_stream(stream{u})` before the free."
+            f"after the last use on {u} ({self.last_use.op or self.last_use.verb}), "
+            f"call `npu_lifetime.record_use(x, <{u}>)`; or `x.record_stream(<{u}>)` "
+            f"before the free; or `<{a}>.wait_stream(<{u}>)` before the free."
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseRace:
+    """The memory of an uncovered free went to a new owner (``storage``, any
+    allocation overlapping the freed range), and ``access`` by the new owner
+    is not ordered after ``previous_use``, the previous owner's use that the
+    free left outstanding: one of them may run while the other's data is
+    there.  This is the corruption the uncovered ``free`` made possible."""
+
+    storage: Hashable
+    address: Optional[int]
+    access: Access
+    alloc_site: Site  # the new owner's allocation
+    previous: Hashable  # the previous owner's storage
+    previous_use: Access
+    free: UncoveredFree  # the previous owner's uncovered free (now actual)
+    kind = "reuse_race"
+
+    @property
+    def usage_stream(self) -> Stream:
+        return self.previous_use.stream
+
+    def fix(self, name: Namer = _stream_name) -> str:
+        return "cover the previous owner's free: " + self.free.fix(name)
+
+
+@dataclass(slots=True, eq=False)
+class ReuseOutcome:
+    """What became of an uncovered free's memory, for classifying it as
+    *actual* (a reuse race followed) or *latent* (not yet, and why)."""
+
+    reuses: int = 0  # new owners of (part of) the memory seen so far
+    safe_reuse: Optional[Access] = None  # a new owner's first access ordered after the use
+    host_synced: bool = False  # the host synchronised past the use: nothing can race any more
+    held_by_allocator: bool = False  # the allocator holds the memory until the use is done
+    forgotten: bool = False  # no longer tracked (too many outstanding uses)
+    race: Optional[ReuseRace] = None
+
+    @property
+    def actual(self) -> bool:
+        return self.race is not None
+
+    def reason(self, name: "Namer" = None) -> str:
+        """Why no reuse raced with the use (so far), or which one did."""
+        name = name or _stream_name
+        if self.race is not None:
+            return "a new owner of the memory accessed it while the use could still be running (reuse race)"
+        if self.safe_reuse is not None:
+            return (f"the memory was reused, and the new owner's accesses were ordered after the use: "
+                    f"{name(self.safe_reuse.stream)} had waited for the use's stream (wait_stream / wait_event)")
+        if self.held_by_allocator:
+            return "the allocator holds the memory until the use is done (told by the sanitizer: note_use)"
+        if self.host_synced:
+            return "the host synchronised past the use before any reuse could race with it"
+        if self.forgotten:
+            return "no reuse seen before the sanitizer stopped tracking this use (too many outstanding)"
+        if self.reuses:
+            return "the memory was reused, but the new owner has not accessed it yet"
+        return "the memory was not reused while the sanitizer watched"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +173,7 @@ class InvalidFree:
     first_free_site: Site = None
     kind = "invalid_free"
 
-    def fix(self) -> str:
+    def fix(self, name: Namer = _stream_name) -> str:
         if self.reason == "double":
             return "free each storage once; the first free already returned it."
         return "free only storages the allocator handed out."
@@ -110,7 +190,7 @@ class UseAfterFree:
     free_site: Site
     kind = "use_after_free"
 
-    def fix(self) -> str:
+    def fix(self, name: Namer = _stream_name) -> str:
         return "keep a reference to the tensor until its last use has been queued."
 
 
@@ -124,11 +204,11 @@ class UnrecordedEventWait:
     site: Site
     kind = "unrecorded_event_wait"
 
-    def fix(self) -> str:
+    def fix(self, name: Namer = _stream_name) -> str:
         return "record the event on the producing stream before waiting on it."
 
 
-Finding = DataRace | UncoveredFree | InvalidFree | UseAfterFree | UnrecordedEventWait
+Finding = DataRace | UncoveredFree | ReuseRace | InvalidFree | UseAfterFree | UnrecordedEventWait
 
 
 def site_to_json(site: Site) -> Any:
@@ -147,21 +227,31 @@ def _value_to_json(value: Any) -> Any:
         return {
             "stream": _value_to_json(value.stream),
             "op": value.op,
+            "args": list(value.args),
             "access": value.verb,
             "site": site_to_json(value.site),
         }
+    if isinstance(value, ReuseOutcome):
+        return {"actual": value.actual, "reason": value.reason(), "reuses": value.reuses}
+    if isinstance(value, UncoveredFree):
+        return {"storage": _value_to_json(value.storage), "free_site": site_to_json(value.free_site)}
     if value is None or isinstance(value, (int, float, str, bool)):
         return value
+    if isinstance(value, tuple):
+        return [_value_to_json(v) for v in value]
     return str(value)
 
 
-def finding_to_json(finding: Finding) -> dict:
-    """A JSON-ready dict of every field of ``finding`` plus its kind and fix."""
+def finding_to_json(finding: Finding, name: Namer = _stream_name) -> dict:
+    """A JSON-ready dict of every field of ``finding`` plus its kind and fix
+    (streams in the fix named by ``name``)."""
     out: dict = {"kind": finding.kind}
-    for name in finding.__dataclass_fields__:
-        value = getattr(finding, name)
-        out[name] = site_to_json(value) if name.endswith("site") else _value_to_json(value)
+    for field_name in finding.__dataclass_fields__:
+        value = getattr(finding, field_name)
+        out[field_name] = site_to_json(value) if field_name.endswith("site") else _value_to_json(value)
     if isinstance(finding, DataRace):
         out["race"] = finding.race
-    out["fix"] = finding.fix()
+    if isinstance(finding, UncoveredFree) and not finding.live:
+        out["actual"] = finding.actual
+    out["fix"] = finding.fix(name)
     return out

@@ -1,6 +1,7 @@
-"""The lifetime model: happens-before between streams and the coverage rules
-for frees.  This module is the single source of truth for both; everything
-else (the torch front end, the schedule runner) only feeds it events.
+"""The lifetime model: happens-before between streams, the coverage rules
+for frees, and reuse races.  This module is the single source of truth for
+them; everything else (the torch front end, the schedule runner) only feeds
+it events.
 
 Happens-before is tracked with vector clocks.  Every stream ``S`` has a clock
 ``vc[S]`` mapping each stream to the latest of its operations that ``S`` is
@@ -20,10 +21,21 @@ allocator waits for before handing the block out again:
 
 Since each test reads a single component, the release points fold into one
 clock (their pointwise maximum) and only the last use per stream matters.
+
+Reuse races.  The uses an uncovered free leaves behind (per stream: the last
+use, and the last write) stay *outstanding* at the freed address range until
+the host has synchronised past them.  A storage allocated over (part of) that
+range is a new owner: each of its accesses must be ordered after every
+outstanding use it conflicts with (a write after any use, a read after a
+write); one that is not is a ``ReuseRace``, reported once per (new owner,
+previous owner, usage stream).  The free is then *actual*; an uncovered free
+no reuse raced with is *latent*, and its ``ReuseOutcome`` says why.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict, deque
+from dataclasses import replace
 from typing import Callable, Hashable, Iterable, Optional
 
 from .findings import (
@@ -31,6 +43,8 @@ from .findings import (
     DataRace,
     Finding,
     InvalidFree,
+    ReuseOutcome,
+    ReuseRace,
     Site,
     Stream,
     UncoveredFree,
@@ -40,9 +54,13 @@ from .findings import (
 
 Clock = dict  # stream -> int
 
-# How many freed storage ids are remembered to tell a double free from a
-# free of a pointer that was never allocated.
+# How many freed storage ids are remembered (by default) to tell a double
+# free from a free of a pointer that was never allocated.
 _FREED_MEMORY = 1 << 16
+# How many outstanding uses of uncovered frees are tracked for reuse races;
+# the oldest are forgotten beyond this (a bound on memory, not on correctness
+# for any program that synchronises now and then).
+_OUTSTANDING_CAP = 1 << 12
 
 
 class ModelInputError(ValueError):
@@ -71,7 +89,8 @@ class _Stream:
 class _Storage:
     __slots__ = (
         "address", "size", "alloc_stream", "alloc_site",
-        "last_write", "reads", "last_use", "recorded", "use_cover",
+        "last_write", "reads", "last_use", "last_write_on", "recorded", "use_cover",
+        "previous", "raced",
     )
 
     def __init__(self, address, size, alloc_stream, alloc_site, allocation: Access):
@@ -82,22 +101,116 @@ class _Storage:
         # Data-race state: the last write and the latest read per stream since.
         self.last_write: Access = allocation
         self.reads: dict = {}
-        # Lifetime state: the latest use per stream, recorded streams, and the
-        # pointwise maximum of the clocks of every record_use call.
+        # Lifetime state: the latest use and write per stream, recorded
+        # streams, and the pointwise maximum of the clocks of every record_use.
         self.last_use: dict = {}
-        self.recorded: set = set()
-        self.use_cover: Clock = {}
+        self.last_write_on: dict = {}
+        self.recorded: Optional[set] = None  # made on first use: most storages never need them
+        self.use_cover: Optional[Clock] = None
+        # Reuse state: outstanding uses of earlier owners of this memory, and
+        # those already reported as racing with this owner.
+        self.previous: Optional[list] = None
+        self.raced: Optional[set] = None
+
+
+class _Outstanding:
+    """A use that an uncovered free left behind on ``[address, end)``."""
+
+    __slots__ = ("storage", "address", "end", "last_use", "last_write", "free", "retired")
+
+    def __init__(self, storage, address, end, last_use, last_write, free: UncoveredFree):
+        self.storage = storage
+        self.address = address
+        self.end = end
+        self.last_use: Access = last_use
+        self.last_write: Optional[Access] = last_write
+        self.free = free
+        self.retired = False
+
+    @property
+    def stream(self) -> Stream:
+        return self.last_use.stream
+
+
+class _OutstandingIndex:
+    """Outstanding uses by address range, for overlap queries at allocation."""
+
+    def __init__(self) -> None:
+        self.starts: list = []
+        self.records: list = []
+        self.order: deque = deque()  # insertion order, for the cap
+        self.max_size = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def add(self, rec: _Outstanding) -> Optional[_Outstanding]:
+        """Adds ``rec``; returns the record forgotten to stay under the cap."""
+        i = bisect_right(self.starts, rec.address)
+        self.starts.insert(i, rec.address)
+        self.records.insert(i, rec)
+        self.order.append(rec)
+        self.max_size = max(self.max_size, rec.end - rec.address)
+        if len(self.records) > _OUTSTANDING_CAP:
+            oldest = self.order.popleft()
+            oldest.retired = True
+            self._remove(oldest)
+            return oldest
+        return None
+
+    def _remove(self, rec: _Outstanding) -> None:
+        i = bisect_left(self.starts, rec.address)
+        while self.records[i] is not rec:
+            i += 1
+        del self.starts[i]
+        del self.records[i]
+
+    def overlapping(self, start: int, end: int) -> list:
+        found = []
+        i = bisect_left(self.starts, end) - 1
+        while i >= 0 and self.starts[i] + self.max_size > start:
+            rec = self.records[i]
+            if rec.end > start and not rec.retired:
+                found.append(rec)
+            i -= 1
+        found.reverse()
+        return found
+
+    def retire(self, done: Callable[[_Outstanding], bool]) -> list:
+        """Retires (and returns) the records ``done`` accepts."""
+        retired = [rec for rec in self.records if done(rec)]
+        for rec in retired:
+            rec.retired = True
+        if retired:
+            self.prune()
+        return retired
+
+    def prune(self) -> None:
+        kept = [(a, r) for a, r in zip(self.starts, self.records) if not r.retired]
+        self.starts = [a for a, _ in kept]
+        self.records = [r for _, r in kept]
+        self.order = deque(r for r in self.order if not r.retired)
+        self.max_size = max((r.end - r.address for r in self.records), default=0)
 
 
 class LifetimeModel:
     """Feeds on stream, event, synchronisation and storage events; reports
-    data races at the access and uncovered frees at the free.
+    data races and reuse races at the access and uncovered frees at the free.
 
-    Every finding is appended to ``findings`` (see ``flush``) and, if given,
-    passed to ``on_finding`` at once.
+    ``access`` and ``free`` return their new findings.  With ``retain``, every
+    finding is also appended to ``findings`` (see ``flush``); ``on_finding``,
+    if given, is called with each once the event is fully processed.
+    ``remember_frees`` bounds how many freed storages are remembered to name
+    a double free or a use after free (0: none; such misuse is then reported
+    as a free or use of an unknown storage).
     """
 
-    def __init__(self, on_finding: Optional[Callable[[Finding], None]] = None) -> None:
+    def __init__(
+        self,
+        on_finding: Optional[Callable[[Finding], None]] = None,
+        retain: bool = True,
+        remember_frees: int = _FREED_MEMORY,
+    ) -> None:
         self._streams: dict = {}
         self._events: dict = {}  # event -> Clock of its last record, or None
         self._host: Clock = {}
@@ -105,7 +218,10 @@ class LifetimeModel:
         self._live: dict = {}
         self._by_address: dict = {}
         self._freed: OrderedDict = OrderedDict()  # storage -> free site
+        self._remember_frees = remember_frees
+        self._outstanding = _OutstandingIndex()
         self.findings: list = []
+        self.retain = retain
         self.on_finding = on_finding
 
     # -- streams and events -------------------------------------------------
@@ -119,6 +235,9 @@ class LifetimeModel:
     def create_event(self, event: Hashable) -> None:
         self._events.setdefault(event, None)
 
+    def has_event(self, event: Hashable) -> bool:
+        return event in self._events
+
     def event_recorded(self, event: Hashable) -> bool:
         return self._events.get(event) is not None
 
@@ -129,23 +248,27 @@ class LifetimeModel:
         self._check_event(event)
         self._events[event] = dict(self._now(stream))
 
-    def wait_event(self, stream: Stream, event: Hashable, site: Site = None) -> None:
+    def wait_event(self, stream: Stream, event: Hashable, site: Site = None) -> list:
         """``stream`` waits for ``event`` (cudaStreamWaitEvent)."""
         vc = self._now(stream)
-        recorded = self._recorded_clock(event, stream, site)
+        found: list = []
+        recorded = self._recorded_clock(event, stream, site, found)
         if recorded is not None:
             _join(vc, recorded)
+        return self._deliver(found)
 
     def wait_stream(self, waiter: Stream, waitee: Stream) -> None:
         """``waiter.wait_stream(waitee)``: an event on waitee, waited on by waiter."""
         _join(self._now(waiter), self._now(waitee))
 
-    def synchronize_event(self, event: Hashable, site: Site = None) -> None:
+    def synchronize_event(self, event: Hashable, site: Site = None) -> list:
         """The host waited for ``event`` (``synchronize()``, or ``query()``
         that returned True)."""
-        recorded = self._recorded_clock(event, None, site)
+        found: list = []
+        recorded = self._recorded_clock(event, None, site, found)
         if recorded is not None:
             self._host_join([recorded])
+        return self._deliver(found)
 
     event_query_complete = synchronize_event
 
@@ -172,6 +295,7 @@ class LifetimeModel:
         queued there, so other streams must wait on ``stream`` before using it.
         A ``preexisting`` storage (allocated before tracking began) is taken
         as ordered before everything: its allocation races with nothing.
+        A ``size`` of 0 means not known yet (see ``set_size``).
         """
         if storage in self._live:
             raise ModelInputError(f"storage {storage!r} allocated while live")
@@ -184,11 +308,22 @@ class LifetimeModel:
             self._stream(stream)
             allocation = Access(stream, 0, True, "<allocated before tracking>", site)
         else:
-            allocation = self._tick(stream, True, "<allocation>", site)
-        self._freed.pop(storage, None)
-        self._live[storage] = _Storage(address, size, stream, site, allocation)
+            allocation = self._tick(stream, True, "<allocation>", site, ())
+        if self._freed:
+            self._freed.pop(storage, None)
+        s = self._live[storage] = _Storage(address, size, stream, site, allocation)
         if address is not None:
             self._by_address[address] = storage
+            if size and not preexisting and self._outstanding.records:
+                self._link_previous_owners(s)
+
+    def set_size(self, storage: Hashable, size: int) -> None:
+        """The size of a storage allocated with size 0 (known at first sight)."""
+        s = self._live.get(storage)
+        if s is not None and not s.size and size:
+            s.size = size
+            if s.address is not None:
+                self._link_previous_owners(s)
 
     def storage_at(self, address: int) -> Optional[Hashable]:
         return self._by_address.get(address)
@@ -203,66 +338,107 @@ class LifetimeModel:
         is_write: bool,
         op: Optional[str] = None,
         site: Site = None,
-    ) -> None:
-        s = self._live_or_report(storage, stream, op or ("write" if is_write else "read"), site)
-        if s is None:
-            return
-        acc = self._tick(stream, is_write, op, site)
-        vc = self._streams[stream].vc
-        self._check_race(storage, s, acc, s.last_write, vc)
+        args: tuple = (),
+    ) -> list:
+        """A read or write of ``storage`` queued on ``stream``; returns the
+        data races and reuse races it makes."""
+        s = self._live.get(storage)
+        if s is None or stream not in self._streams:
+            missing: list = []
+            s = self._live_or_report(storage, stream, op or ("write" if is_write else "read"), site, missing)
+            if s is None:
+                return self._deliver(missing)
+        st = self._streams[stream]
+        vc = st.vc
+        if st.host_epoch != self._host_epoch:
+            _join(vc, self._host)
+            st.host_epoch = self._host_epoch
+        tick = vc[stream] = vc[stream] + 1
+        acc = Access(stream, tick, is_write, op, site, args)
+        found: list = []
+        prior = s.last_write
+        if prior.stream != stream and vc.get(prior.stream, 0) < prior.clock:
+            found.append(DataRace(storage, s.address, acc, prior, s.alloc_site))
         if is_write:
             for read in s.reads.values():
-                self._check_race(storage, s, acc, read, vc)
+                if read.stream != stream and vc.get(read.stream, 0) < read.clock:
+                    found.append(DataRace(storage, s.address, acc, read, s.alloc_site))
             s.last_write = acc
-            s.reads = {}
+            s.last_write_on[stream] = acc
+            if s.reads:
+                s.reads = {}
         else:
             s.reads[stream] = acc
         s.last_use[stream] = acc
+        if s.previous is not None:
+            self._check_reuse(storage, s, acc, vc, found)
+        if found:
+            return self._deliver(found)
+        return found
 
-    def read(self, storage, stream, op=None, site=None) -> None:
-        self.access(storage, stream, False, op, site)
+    def read(self, storage, stream, op=None, site=None) -> list:
+        return self.access(storage, stream, False, op, site)
 
-    def write(self, storage, stream, op=None, site=None) -> None:
-        self.access(storage, stream, True, op, site)
+    def write(self, storage, stream, op=None, site=None) -> list:
+        return self.access(storage, stream, True, op, site)
 
-    def record_stream(self, storage: Hashable, stream: Stream, site: Site = None) -> None:
+    def record_stream(self, storage: Hashable, stream: Stream, site: Site = None) -> list:
         """``x.record_stream(stream)``: the free waits for everything queued
         on ``stream`` up to the free, whenever the call was made."""
-        s = self._live_or_report(storage, stream, "record_stream", site)
+        found: list = []
+        s = self._live_or_report(storage, stream, "record_stream", site, found)
         if s is not None and stream != s.alloc_stream:
+            if s.recorded is None:
+                s.recorded = set()
             s.recorded.add(stream)
+        return self._deliver(found)
 
-    def erase_stream(self, storage: Hashable, stream: Stream, site: Site = None) -> None:
+    def erase_stream(self, storage: Hashable, stream: Stream, site: Site = None) -> list:
         """torch_npu's eraseStream: withdraws an earlier record_stream."""
-        s = self._live_or_report(storage, stream, "erase_stream", site)
-        if s is not None:
+        found: list = []
+        s = self._live_or_report(storage, stream, "erase_stream", site, found)
+        if s is not None and s.recorded is not None:
             s.recorded.discard(stream)
+        return self._deliver(found)
 
-    def record_use(self, storage: Hashable, stream: Stream, site: Site = None) -> None:
+    def record_use(self, storage: Hashable, stream: Stream, site: Site = None) -> list:
         """``record_use(x, stream)``: the free waits for what is queued on
         ``stream`` now (and what that is ordered after), not later work."""
-        s = self._live_or_report(storage, stream, "record_use", site)
+        found: list = []
+        s = self._live_or_report(storage, stream, "record_use", site, found)
         if s is not None and stream != s.alloc_stream:
+            if s.use_cover is None:
+                s.use_cover = {}
             _join(s.use_cover, self._now(stream))
+        return self._deliver(found)
 
     def free(self, storage: Hashable, site: Site = None) -> list:
-        """The storage's last reference is gone; returns the new findings."""
+        """The storage's last reference is gone; returns the new findings.
+        ``site`` may be a zero-argument callable returning the site: it is
+        called only if a finding needs it (capturing a stack costs)."""
         s = self._live.pop(storage, None)
         if s is None:
+            site = site() if callable(site) else site
             first = self._freed.get(storage, _NOT_FREED)
             reason = "unknown" if first is _NOT_FREED else "double"
-            finding = InvalidFree(storage, reason, site, None if first is _NOT_FREED else first)
-            self._report(finding)
-            return [finding]
+            return self._deliver([InvalidFree(storage, reason, site, None if first is _NOT_FREED else first)])
         if s.address is not None:
             self._by_address.pop(s.address, None)
-        self._freed[storage] = site
-        if len(self._freed) > _FREED_MEMORY:
-            self._freed.popitem(last=False)
-        found = self._uncovered(storage, s, site, live=False)
+        if self._remember_frees:
+            if callable(site):
+                site = site()
+            self._freed[storage] = site
+            if len(self._freed) > self._remember_frees:
+                self._freed.popitem(last=False)
+        found = self._uncovered(storage, s, None if callable(site) else site, live=False)
+        if not found:
+            return found
+        if callable(site):
+            site = site()
+            found = [replace(f, free_site=site) for f in found]
         for finding in found:
-            self._report(finding)
-        return found
+            self._leave_outstanding(storage, s, finding)
+        return self._deliver(found)
 
     # -- reading findings -----------------------------------------------------
     def uncovered_live(self, storages: Optional[Iterable[Hashable]] = None) -> list:
@@ -282,6 +458,17 @@ class LifetimeModel:
         retained, self.findings = self.findings, []
         return retained + self.uncovered_live()
 
+    def allocator_holds(self, free: UncoveredFree) -> None:
+        """The allocator will not hand out ``free``'s memory before its use is
+        done (the shim, told of the use by ``note_use``): no reuse can race
+        with it, whatever the program does."""
+        for rec in self._outstanding.retire(lambda r: r.free is free):
+            rec.free.outcome.held_by_allocator = True
+
+    def outstanding_uses(self) -> int:
+        """How many uses left by uncovered frees are still tracked."""
+        return len(self._outstanding.records)
+
     # -- internals -------------------------------------------------------------
     def _stream(self, stream: Stream) -> _Stream:
         try:
@@ -293,25 +480,27 @@ class LifetimeModel:
         if event not in self._events:
             raise ModelInputError(f"unknown event {event!r}; call create_event first")
 
-    def _recorded_clock(self, event, waiter, site) -> Optional[Clock]:
+    def _recorded_clock(self, event, waiter, site, found: list) -> Optional[Clock]:
         self._check_event(event)
         recorded = self._events[event]
         if recorded is None:
-            self._report(UnrecordedEventWait(event, waiter, site))
+            found.append(UnrecordedEventWait(event, waiter, site))
         return recorded
 
     def _now(self, stream: Stream) -> Clock:
         """``stream``'s clock as of an operation the host queues now."""
-        st = self._stream(stream)
+        st = self._streams.get(stream)
+        if st is None:
+            st = self._stream(stream)
         if st.host_epoch != self._host_epoch:
             _join(st.vc, self._host)
             st.host_epoch = self._host_epoch
         return st.vc
 
-    def _tick(self, stream: Stream, is_write: bool, op, site) -> Access:
+    def _tick(self, stream: Stream, is_write: bool, op, site, args) -> Access:
         vc = self._now(stream)
         vc[stream] += 1
-        return Access(stream, vc[stream], is_write, op, site)
+        return Access(stream, vc[stream], is_write, op, site, args)
 
     def _host_join(self, clocks: Iterable[Clock]) -> None:
         changed = False
@@ -319,46 +508,113 @@ class LifetimeModel:
             changed |= _join(self._host, clock)
         if changed:
             self._host_epoch += 1
+            if self._outstanding.records:
+                self._retire_completed()
 
-    def _check_race(self, storage, s: _Storage, acc: Access, prior: Access, vc: Clock) -> None:
-        if prior.stream != acc.stream and vc.get(prior.stream, 0) < prior.clock:
-            self._report(DataRace(storage, s.address, acc, prior))
+    def _retire_completed(self) -> None:
+        """Outstanding uses the host has synchronised past can race with
+        nothing any more: every later operation is ordered after them."""
+        host = self._host
+        for rec in self._outstanding.retire(lambda r: host.get(r.stream, 0) >= r.last_use.clock):
+            rec.free.outcome.host_synced = True
 
-    def _live_or_report(self, storage, stream, op, site) -> Optional[_Storage]:
+    def _live_or_report(self, storage, stream, op, site, found: list) -> Optional[_Storage]:
         self._stream(stream)
         s = self._live.get(storage)
         if s is None:
             if storage not in self._freed:
                 raise ModelInputError(f"unknown storage {storage!r}")
-            self._report(UseAfterFree(storage, stream, op, site, self._freed[storage]))
+            found.append(UseAfterFree(storage, stream, op, site, self._freed[storage]))
         return s
 
     def _release_clock(self, s: _Storage) -> Clock:
         """Pointwise maximum of every point the allocator would wait for."""
         cover = dict(self._host)
         _join(cover, self._streams[s.alloc_stream].vc)
-        _join(cover, s.use_cover)
-        for stream in s.recorded:
+        if s.use_cover:
+            _join(cover, s.use_cover)
+        for stream in s.recorded or ():
             _join(cover, self._streams[stream].vc)
         return cover
 
     def _uncovered(self, storage, s: _Storage, site, live: bool) -> list:
-        if all(stream == s.alloc_stream for stream in s.last_use):
+        uses = s.last_use
+        if not uses or (len(uses) == 1 and s.alloc_stream in uses):
             return []  # uses on the allocation stream need nothing
+        if all(stream == s.alloc_stream for stream in uses):
+            return []
         cover = self._release_clock(s)
         return [
             UncoveredFree(
                 storage, s.address, s.size, s.alloc_stream, stream, use,
-                s.alloc_site, site, live,
+                s.alloc_site, site, live, None if live else ReuseOutcome(),
             )
             for stream, use in s.last_use.items()
             if cover.get(stream, 0) < use.clock
         ]
 
-    def _report(self, finding: Finding) -> None:
-        self.findings.append(finding)
-        if self.on_finding is not None:
-            self.on_finding(finding)
+    def _leave_outstanding(self, storage, s: _Storage, free: UncoveredFree) -> None:
+        """Keeps the use ``free`` left uncovered at the block's range, for the
+        reuse checks of later owners of that memory."""
+        if s.address is None or not s.size:
+            return
+        stream = free.usage_stream
+        write = s.last_write_on.get(stream)
+        if write is not None and write.clock <= self._host.get(stream, 0):
+            write = None  # the host synchronised past it
+        cover = self._release_clock(s) if write is not None else None
+        if write is not None and cover.get(stream, 0) >= write.clock:
+            write = None  # covered: the allocator waits for it
+        rec = _Outstanding(storage, s.address, s.address + s.size, free.last_use, write, free)
+        forgotten = self._outstanding.add(rec)
+        if forgotten is not None:
+            forgotten.free.outcome.forgotten = True
+
+    def _link_previous_owners(self, s: _Storage) -> None:
+        if not self._outstanding.records:
+            return
+        previous = self._outstanding.overlapping(s.address, s.address + s.size)
+        if previous:
+            s.previous = previous
+            for rec in previous:
+                rec.free.outcome.reuses += 1
+
+    def _check_reuse(self, storage, s: _Storage, acc: Access, vc: Clock, found: list) -> None:
+        """``acc`` by a new owner against the outstanding uses of earlier owners."""
+        pending = False
+        for rec in s.previous:
+            if rec.retired:
+                continue
+            pending = True
+            target = rec.last_use if acc.is_write else rec.last_write
+            if target is None:
+                continue
+            outcome = rec.free.outcome
+            if vc.get(target.stream, 0) >= target.clock:
+                if outcome.safe_reuse is None:
+                    outcome.safe_reuse = acc
+                continue
+            if s.raced is None:
+                s.raced = set()
+            elif id(rec) in s.raced:
+                continue
+            s.raced.add(id(rec))
+            race = ReuseRace(storage, s.address, acc, s.alloc_site, rec.storage, target, rec.free)
+            if outcome.race is None:
+                outcome.race = race
+            found.append(race)
+        if not pending:
+            s.previous = None
+
+    def _deliver(self, found: list) -> list:
+        """Retains ``found`` (all of it first), then tells ``on_finding``."""
+        if found:
+            if self.retain:
+                self.findings.extend(found)
+            if self.on_finding is not None:
+                for finding in found:
+                    self.on_finding(finding)
+        return found
 
 
 _NOT_FREED = object()

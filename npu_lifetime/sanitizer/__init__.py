@@ -7,14 +7,25 @@ simulated device on CPU).
     print(san.report(san.flush()))
 
 ``NPU_LIFETIME_SANITIZER=1`` (or ``=cuda`` / ``=npu`` / ``=sim``) enables one
-for the whole process when ``npu_lifetime.sanitizer`` is imported.
+for the whole process when ``npu_lifetime.sanitizer`` is imported.  Several
+sanitizers may be enabled at once (nested blocks, a process sanitizer and a
+test's): each sees every event.
+
+Modules: ``sanitizer`` (the sink that feeds one lifetime model),
+``dispatch`` (the one dispatch mode), ``hub`` (device events to every
+enabled sanitizer), ``backends`` (CUDA, NPU, simulated device), ``accesses``
+(reads and writes from schemas), ``collectives`` (c10d semantics),
+``storages`` (address -> storage), ``shim_link`` (the shim's hooks),
+``reporting`` (grouping, raising, latent/actual), ``report`` (text and
+JSON), ``sites``, ``watchers``, ``runner`` (``npu-lifetime check``).
 """
 from __future__ import annotations
 
 import os
 from typing import Optional
 
-from .frontend import DataRaceError, LifetimeSanitizer, LifetimeWarning
+from .backends import DeviceUnavailable
+from .sanitizer import DataRaceError, LifetimeSanitizer, LifetimeWarning
 
 _process_sanitizer: Optional[LifetimeSanitizer] = None
 
@@ -51,8 +62,8 @@ def _enable_from_environment() -> None:
 
 
 __all__ = [
-    "DataRaceError", "LifetimeSanitizer", "LifetimeWarning", "disable_lifetime_sanitizer",
-    "enable_lifetime_sanitizer", "flush_findings", "process_sanitizer",
+    "DataRaceError", "DeviceUnavailable", "LifetimeSanitizer", "LifetimeWarning",
+    "disable_lifetime_sanitizer", "enable_lifetime_sanitizer", "flush_findings", "process_sanitizer",
 ]
 
 _enable_from_environment()

@@ -3,10 +3,15 @@
 * An input whose alias annotation is a write (``Tensor(a!)``: in-place and
   ``out=`` ops) is written; other tensor inputs are read.
 * An input aliased without a write (``Tensor(a)``: views, ``detach``...) is
-  metadata only: taking a view touches no data.
+  metadata only: taking a view touches no data.  So are in-place view ops
+  (tag ``inplace_view``: ``unsqueeze_``, ``t_``, ``as_strided_``...), which
+  change a tensor's shape, not its data.
 * A fresh output (no alias annotation) is written; an aliased output is the
   same storage as an input, already counted.
-* ``empty``-like factories write nothing: the allocation is the only event.
+* ``empty``-like factories write nothing: their fresh output is only
+  allocated.
+* c10d collectives write and read the arguments their semantics say
+  (``collectives.py``), not what their schemas' annotations say.
 
 Tracking is per storage: views and slices of one storage are one entry, and
 an op that both reads and writes a storage writes it.
@@ -14,24 +19,47 @@ an op that both reads and writes a storage writes it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from . import collectives
+
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
+_READ, _WRITE, _SKIP = False, True, None
 
 
-@dataclass(slots=True)
 class StorageAccess:
-    storage: int  # the storage's base address
-    nbytes: int
-    is_write: bool
-    tensor: torch.Tensor  # one tensor on it (the simulated device watches it)
-    names: list = field(default_factory=list)  # argument names, for reports
-    device_index: int = 0
-    fresh: bool = False  # seen as a fresh output of the op
+    """One storage an op touched (or, for an ``empty``-like factory, made)."""
+
+    __slots__ = ("storage", "is_write", "tensor", "names", "device_index", "fresh", "accessed")
+
+    def __init__(self, storage: int, tensor: torch.Tensor, device_index: int, fresh: bool, accessed: bool) -> None:
+        self.storage = storage  # the storage's base address
+        self.is_write = False
+        self.tensor = tensor  # one tensor on it (the simulated device watches it)
+        self.names: list = []  # argument names, for reports
+        self.device_index = device_index
+        self.fresh = fresh  # a fresh output of the op (allocated by it)
+        self.accessed = accessed  # False: allocated by the op, data untouched (``empty``)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.untyped_storage().nbytes()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Per op, computed once from its schema."""
+
+    arguments: tuple  # (position, name, mode) per tensor argument: _READ or _WRITE
+    by_name: dict  # name -> mode, for tensor arguments passed by keyword
+    fresh_returns: tuple  # per return: whether it is a fresh storage
+    allocates_only: bool  # an empty-like factory
+    collective: bool  # a c10d collective (runs on its backend's stream)
+    touches_data: bool  # False: nothing to do for this op (a view, an inplace view)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -49,25 +77,38 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-_READ, _WRITE = False, True
-_plans: dict = {}
+_plans: dict = {}  # id(op) -> (op, plan): ops hash in Python, ids do not
 
 
-def _plan(func) -> tuple:
-    """Per op, computed once: for each argument, whether it is skipped
-    (metadata only) or read or written; the returns that are fresh; and
-    whether the op writes no data at all."""
-    plan = _plans.get(func)
-    if plan is None:
-        schema = func._schema
-        arguments = tuple(
-            (a.name, None if a.alias_info is not None and not a.alias_info.is_write else a.alias_info is not None)
-            for a in schema.arguments
-        )
-        fresh_returns = tuple(r.alias_info is None for r in schema.returns)
-        plan = _plans[func] = (arguments, {a[0]: a for a in arguments}, fresh_returns,
-                               bool(_NO_DATA_FACTORY.match(schema.name)))
-    return plan
+def plan(func) -> Plan:
+    entry = _plans.get(id(func))
+    if entry is None or entry[0] is not func:
+        entry = _plans[id(func)] = (func, _make_plan(func))
+    return entry[1]
+
+
+def _holds_tensors(argument) -> bool:
+    return "Tensor" in str(argument.type)
+
+
+def _make_plan(func) -> Plan:
+    schema = func._schema
+    semantics = collectives.semantics(schema.name)
+    tensor_args = [(i, a) for i, a in enumerate(schema.arguments) if _holds_tensors(a)]
+    if semantics is not None:
+        written, _ = semantics
+        arguments = tuple((i, a.name, a.name in written) for i, a in tensor_args)
+        return Plan(arguments, {name: mode for _, name, mode in arguments}, (), False, True, True)
+    if torch.Tag.inplace_view in func.tags:
+        return Plan((), {}, (), False, False, False)  # shape and strides only
+    arguments = tuple(
+        (i, a.name, a.alias_info is not None) for i, a in tensor_args
+        if a.alias_info is None or a.alias_info.is_write  # an alias without a write is a view: no data
+    )
+    fresh_returns = tuple(r.alias_info is None and _holds_tensors(r) for r in schema.returns)
+    touches = bool(arguments) or any(fresh_returns)
+    return Plan(arguments, {name: mode for _, name, mode in arguments}, fresh_returns,
+                bool(_NO_DATA_FACTORY.match(schema.name)), False, touches)
 
 
 def _outputs(count: int, outputs: Any) -> tuple:
@@ -76,44 +117,52 @@ def _outputs(count: int, outputs: Any) -> tuple:
     return tuple(outputs) if isinstance(outputs, (list, tuple)) else ()
 
 
-def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable) -> list:
-    """The storages ``func`` touched, for tensors ``tracked(t)`` accepts."""
-    arguments, by_name, fresh_returns, writes_nothing = _plan(func)
+def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable, p: Plan = None) -> list:
+    """The storages ``func`` touched, for tensors ``tracked(t)`` accepts, in
+    argument order, then its fresh outputs (``p``: its plan, if at hand)."""
+    if p is None:
+        p = plan(func)
     found: dict = {}
-
-    def note(t: torch.Tensor, is_write: bool, name: str, fresh: bool = False) -> None:
-        if not tracked(t):
-            return
-        try:
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-        except (RuntimeError, NotImplementedError):  # sparse, meta, storage-less...
-            return
-        if ptr == 0:
-            return
-        entry = found.get(ptr)
-        if entry is None:
-            entry = found[ptr] = StorageAccess(ptr, storage.nbytes(), False, t, [], t.device.index or 0)
-        entry.is_write |= is_write
-        entry.fresh |= fresh
-        entry.names.append(name)
-
-    def note_argument(spec, value) -> None:
-        name, mode = spec
-        if mode is None:
-            return
-        for t in _tensors(value):
-            note(t, mode, name)
-
-    for spec, value in zip(arguments, args):
-        note_argument(spec, value)
-    for name, value in kwargs.items():
-        spec = by_name.get(name)
-        if spec is not None:
-            note_argument(spec, value)
-    if not writes_nothing:
-        for fresh, value in zip(fresh_returns, _outputs(len(fresh_returns), outputs)):
+    count = len(args)
+    for i, name, mode in p.arguments:
+        if i < count:
+            _note_all(found, args[i], mode, name, False, tracked)
+    if kwargs:
+        for name, value in kwargs.items():
+            mode = p.by_name.get(name)
+            if mode is not None:
+                _note_all(found, value, mode, name, False, tracked)
+    if p.fresh_returns:
+        written = not p.allocates_only
+        for fresh, value in zip(p.fresh_returns, _outputs(len(p.fresh_returns), outputs)):
             if fresh:
-                for t in _tensors(value):
-                    note(t, True, "output", fresh=True)
-    return list(found.values())
+                _note_all(found, value, written, "out", True, tracked)
+    return list(found.values()) if found else []
+
+
+def _note_all(found: dict, value, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:
+    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:  # the common case
+        _note(found, value, is_write, name, fresh, tracked)
+    elif value is not None and not isinstance(value, (int, float, bool)):
+        for t in _tensors(value):
+            _note(found, t, is_write, name, fresh, tracked)
+
+
+def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:
+    if not tracked(t):
+        return
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse, meta, storage-less...
+        return
+    if ptr == 0:
+        return
+    entry = found.get(ptr)
+    if entry is None:
+        # an empty-like factory's output is allocated, not accessed
+        entry = found[ptr] = StorageAccess(ptr, t, max(t.get_device(), 0), fresh, not fresh or is_write)
+    else:
+        entry.fresh |= fresh
+        entry.accessed |= not fresh or is_write
+    entry.is_write |= is_write
+    entry.names.append(name)

@@ -1,19 +1,28 @@
 """Device backends: one code path for CUDA, Ascend NPU and the simulated
-device, parameterised by how each names streams and reports events.
+device, parameterised by how each names streams, reports events and knows
+its allocations.
 
 A backend connects the framework's trace callbacks once per process (they
-cannot be unregistered) and routes them to whichever sanitizer is enabled.
-Stream keys are ``(device_index, raw handle)``: handle 0, the default
-stream, exists on every device.
+cannot be unregistered) and sends them to its hub, which delivers them to
+every enabled sanitizer of the device.  Stream keys are ``(device_index,
+raw handle)``: handle 0, the default stream, exists on every device.
 """
 from __future__ import annotations
 
+import operator
+import threading
 import weakref
 from typing import Callable, Optional
 
 import torch
 
 from .. import simdevice
+from . import watchers
+from .hub import Hub
+
+
+class DeviceUnavailable(RuntimeError):
+    """The sanitizer was asked for a device this machine does not have."""
 
 
 class Backend:
@@ -21,30 +30,44 @@ class Backend:
     allocations_by_first_sight = False  # no allocator callbacks: see new storages in outputs
 
     def __init__(self) -> None:
-        self.sink = None
+        self.hub = Hub()
         self._connected = False
+        self._lock = threading.Lock()
 
-    def connect(self, sink) -> None:
-        self.sink = sink
-        if not self._connected:
-            self._connect()
-            self._connected = True
-
-    def disconnect(self) -> None:
-        self.sink = None
-
-    def _route(self, name: str) -> Callable:
-        def forward(*args):
-            sink = self.sink
-            if sink is not None:
-                getattr(sink, name)(*args)
-
-        return forward
+    def connect(self) -> None:
+        with self._lock:
+            if not self._connected:
+                self._connect()
+                self._connected = True
 
     def tracks(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type == self.device_type
 
+    def default_stream(self, device_index: int) -> tuple:
+        return (device_index, 0)
+
+    def live_blocks(self) -> dict:
+        """Address -> allocation stream key of every live block the device's
+        allocator holds now (for storages allocated before tracking)."""
+        return {}
+
+    def inside_op(self, func, args: tuple) -> None:
+        """Called after an op ran, before its frame closes."""
+
+    def collective_stream(self, group: int, device_index: int) -> Optional[tuple]:
+        """Where a collective with no wait inside runs: None for the current
+        stream, else a stream of the process group's own."""
+        return None
+
+    def describe(self, key: tuple) -> str:
+        device, handle = key
+        where = f"{self.device_type}:{device}"
+        return f"default stream ({where})" if handle == 0 else f"stream {handle:#x} ({where})"
+
     # per-backend
+    def check_available(self) -> None:
+        raise NotImplementedError
+
     def _connect(self) -> None:
         raise NotImplementedError
 
@@ -57,11 +80,6 @@ class Backend:
     def current_device(self) -> int:
         raise NotImplementedError
 
-    def describe(self, key: tuple) -> str:
-        device, handle = key
-        where = f"{self.device_type}:{device}"
-        return f"default stream ({where})" if handle == 0 else f"stream {handle:#x} ({where})"
-
 
 class _TraceBackend(Backend):
     """CUDA and NPU: torch's (or torch_npu's) GPU trace callbacks."""
@@ -71,42 +89,62 @@ class _TraceBackend(Backend):
 
     def _register_trace(self, register: Callable) -> None:
         """``register(kind, callback)`` for each trace kind."""
-        route = self._route
-        register("event_creation", route("on_event_created"))
-        register("event_deletion", route("on_event_deleted"))
-        register("event_record", lambda e, s: route("on_event_record")(e, self._key(s)))
-        register("event_wait", lambda e, s: route("on_event_wait")(e, self._key(s)))
-        register("memory_allocation", lambda ptr: route("on_trace_alloc")(ptr, self.current_device()))
-        register("memory_deallocation", route("on_trace_free"))
-        register("stream_creation", lambda s: route("on_stream_created")(self._key(s)))
-        register("device_synchronization", lambda: route("on_device_sync")(self.current_device()))
-        register("stream_synchronization", lambda s: route("on_stream_sync")(self._key(s)))
-        register("event_synchronization", route("on_event_sync"))
+        event = self.hub.event
+        register("event_creation", lambda e: event("on_event_created", e))
+        register("event_deletion", lambda e: event("on_event_deleted", e))
+        register("event_record", lambda e, s: event("on_event_record", e, self._key(s)))
+        register("event_wait", lambda e, s: event("on_event_wait", e, self._key(s)))
+        register("memory_allocation", lambda ptr: event("on_trace_alloc", ptr, self.current_device()))
+        register("memory_deallocation", lambda ptr: event("on_trace_free", ptr))
+        register("stream_creation", lambda s: event("on_stream_created", self._key(s)))
+        register("device_synchronization", lambda: event("on_device_sync", self.current_device()))
+        register("stream_synchronization", lambda s: event("on_stream_sync", self._key(s)))
+        register("event_synchronization", lambda e: event("on_event_sync", e))
 
     def _patch_queries(self, event_class, stream_class, event_handle: Callable) -> None:
         """A query that returned True is a host synchronisation the trace
-        does not report."""
-        backend = self
+        does not report; our own pollers opt out (``watchers.internal_polling``)."""
+        hub, backend = self.hub, self
         event_query, stream_query = event_class.query, stream_class.query
-        event_class.raw_query = event_query  # for our own reclaimer: no host knowledge
 
         def query_event(event):
             done = event_query(event)
-            if done and backend.sink is not None:
-                backend.sink.on_event_sync(event_handle(event))
+            if done and hub.sinks and not watchers.polling_internally():
+                hub.event("on_event_sync", event_handle(event))
             return done
 
         def query_stream(stream):
             done = stream_query(stream)
-            if done and backend.sink is not None:
-                backend.sink.on_stream_sync(backend.stream_key(stream))
+            if done and hub.sinks and not watchers.polling_internally():
+                hub.event("on_stream_sync", backend.stream_key(stream))
             return done
 
         event_class.query, stream_class.query = query_event, query_stream
 
 
+def _blocks_from_snapshot(segments, stream_field: str = "stream") -> dict:
+    blocks: dict = {}
+    for segment in segments:
+        stream = int(segment.get(stream_field, 0) or 0)
+        device = int(segment.get("device", 0) or 0)
+        for block in segment.get("blocks", ()):
+            if block.get("state") in ("active_allocated", "live"):
+                blocks[int(block["address"])] = (device, stream)
+    return blocks
+
+
 class CudaBackend(_TraceBackend):
     device_type = "cuda"
+
+    tracks = staticmethod(operator.attrgetter("is_cuda"))  # called per tensor per op: no Python frame
+
+    def check_available(self) -> None:
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(
+                "the lifetime sanitizer was asked for 'cuda', but this machine has no CUDA device "
+                "(torch.cuda.is_available() is False). Use device 'sim' to check stream code on CPU "
+                "tensors with npu_lifetime.simdevice streams."
+            )
 
     def _connect(self) -> None:
         from torch.cuda import _gpu_trace
@@ -128,6 +166,29 @@ class CudaBackend(_TraceBackend):
             )
         return (stream.device_index, stream.cuda_stream)
 
+    def live_blocks(self) -> dict:
+        from ..shim.install import installed
+
+        setup = installed()
+        if setup is not None and setup.device == "cuda":
+            return _shim_blocks()
+        try:
+            return _blocks_from_snapshot(torch.cuda.memory._snapshot()["segments"])
+        except (RuntimeError, KeyError, TypeError):
+            return {}
+
+
+def _shim_blocks() -> dict:
+    from ..shim import api
+
+    blocks: dict = {}
+    for segment in api.snapshot().get("segments", ()):
+        for block in segment.get("blocks", ()):
+            if block.get("state") == "live":
+                stream = block.get("alloc_stream", segment.get("stream", 0))
+                blocks[int(block["address"])] = (int(segment.get("device", 0)), int(stream))
+    return blocks
+
 
 class NpuBackend(_TraceBackend):
     """torch_npu: written against its published trace API
@@ -135,6 +196,17 @@ class NpuBackend(_TraceBackend):
     not run on an NPU here."""
 
     device_type = "npu"
+
+    def check_available(self) -> None:
+        try:
+            import torch_npu  # noqa: F401  (registers torch.npu)
+        except ImportError:
+            raise DeviceUnavailable(
+                "the lifetime sanitizer was asked for 'npu', but torch_npu is not installed; "
+                "use device 'sim' on a machine without an NPU"
+            ) from None
+        if not torch.npu.is_available():
+            raise DeviceUnavailable("the lifetime sanitizer was asked for 'npu', but torch_npu sees no NPU")
 
     def _connect(self) -> None:
         import torch_npu
@@ -146,8 +218,9 @@ class NpuBackend(_TraceBackend):
             getattr(npu_trace, f"register_callback_for_npu_{kind}")(cb, f"npu_lifetime_{kind}")
 
         self._register_trace(register)
-        register("record_stream", lambda ptr, s: self._route("on_record_stream_ptr")(ptr, self._key(s)))
-        register("erase_stream", lambda ptr, s: self._route("on_erase_stream_ptr")(ptr, self._key(s)))
+        event = self.hub.event
+        register("record_stream", lambda ptr, s: event("on_record_stream_ptr", ptr, self._key(s)))
+        register("erase_stream", lambda ptr, s: event("on_erase_stream_ptr", ptr, self._key(s)))
         self._patch_queries(torch_npu.npu.Event, torch_npu.npu.Stream, lambda e: e.npu_event)
 
     def current_device(self) -> int:
@@ -165,15 +238,34 @@ class NpuBackend(_TraceBackend):
             )
         return (stream.device_index, int(stream.npu_stream))
 
+    def live_blocks(self) -> dict:
+        from ..shim.install import installed
+
+        setup = installed()
+        if setup is not None and setup.device == "npu":
+            return _shim_blocks()
+        try:
+            return _blocks_from_snapshot(torch.npu.memory_snapshot())
+        except (RuntimeError, KeyError, TypeError, AttributeError):
+            return {}
+
 
 class SimBackend(Backend):
-    """CPU tensors on the simulated device (``npu_lifetime.simdevice``)."""
+    """CPU tensors on the simulated device (``npu_lifetime.simdevice``).
+    Host memory has no allocator to ask: a storage first seen as a fresh
+    output is allocated on the current stream then; one first seen as an
+    input existed before tracking, on the default stream."""
 
     device_type = "cpu"
     allocations_by_first_sight = True
 
+    tracks = staticmethod(operator.attrgetter("is_cpu"))
+
+    def check_available(self) -> None:
+        return None
+
     def _connect(self) -> None:
-        simdevice.add_listener(_SimListener(self))
+        simdevice.add_listener(_SimListener(self.hub))
 
     def current_device(self) -> int:
         return simdevice.DEVICE_INDEX
@@ -186,21 +278,43 @@ class SimBackend(Backend):
             return stream.key
         return (stream.device_index, stream.stream_id)
 
+    def inside_op(self, func, args: tuple) -> None:
+        simdevice.op_ran(func, args)
+
+    def collective_stream(self, group: int, device_index: int) -> tuple:
+        return (device_index, -group - 1)  # gloo runs collectives on threads of its own
+
     def watch(self, tensor: torch.Tensor, on_free: Callable[[int], None]) -> None:
         """Calls ``on_free(address)`` when the tensor's storage dies."""
         storage = tensor.untyped_storage()
         weakref.finalize(storage, on_free, storage.data_ptr())
 
     def describe(self, key: tuple) -> str:
-        return "sim default stream" if key[1] == 0 else f"sim stream {key[1]}"
+        handle = key[1]
+        if handle < 0:
+            return f"sim collective stream of process group {-handle - 1}"
+        return "sim default stream" if handle == 0 else f"sim stream {handle}"
 
 
 class _SimListener:
-    def __init__(self, backend: SimBackend) -> None:
-        self.backend = backend
+    """The simulated device's listener: each of its notifications becomes a
+    device event of the simulated backend's hub."""
 
-    def __getattr__(self, name: str):
-        return self.backend._route(name)
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+
+def _forward(name: str):
+    def method(self, *args):
+        self.hub.event(name, *args)
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
+              "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync"):
+    setattr(_SimListener, _name, _forward(_name))
 
 
 _BACKENDS: dict = {}
@@ -216,5 +330,8 @@ def backend_for(device: str) -> Backend:
     return _BACKENDS[cls]
 
 
-def active_backend() -> Optional[Backend]:
-    return next((b for b in _BACKENDS.values() if b.sink is not None), None)
+def backends() -> tuple:
+    """The backends made so far."""
+    return tuple(_BACKENDS.values())
+
+

@@ -1,12 +1,19 @@
 """Reports a person can act on: where the storage was allocated, the
-offending use (op, stream, site), the free, and the call that fixes it."""
+offending access or use (op, arguments, stream, site), the free, what made a
+latent free safe so far, and the call that fixes it, with streams named as
+the program knows them.  Findings that fail the check come first; latent
+ones (contract violations that did not corrupt in this run) after them."""
 from __future__ import annotations
 
 from typing import Callable
 
-from ..lifetime import DataRace, InvalidFree, UncoveredFree, UnrecordedEventWait, UseAfterFree, finding_to_json
+from ..lifetime import (
+    DataRace, InvalidFree, ReuseRace, UncoveredFree, UnrecordedEventWait, UseAfterFree, finding_to_json,
+)
+from .reporting import GroupInfo
 
 Namer = Callable[[tuple], str]
+InfoOf = Callable[[object], GroupInfo]
 
 
 def _size(nbytes: int) -> str:
@@ -18,9 +25,7 @@ def _size(nbytes: int) -> str:
 
 
 def _where(site) -> str:
-    if site is None:
-        return "<no stack>"
-    return str(site)
+    return "<no stack>" if site is None else str(site)
 
 
 def _storage(finding) -> str:
@@ -28,79 +33,126 @@ def _storage(finding) -> str:
     return f"storage {address:#x}" if isinstance(address, int) else f"storage {finding.storage}"
 
 
-def _uncovered_free(f: UncoveredFree, name: Namer) -> list:
+def _times(info: GroupInfo) -> str:
+    return f" (x{info.count})" if info.count > 1 else ""
+
+
+def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
     a, u = name(f.alloc_stream), name(f.usage_stream)
+    if f.live:
+        label = "uncovered use, still alive"
+    else:
+        label = "uncovered free, " + ("ACTUAL: a reuse race followed" if info.actual else "latent")
     head = (
         f"{_storage(f)} ({_size(f.size)}), allocated on {a}, "
         + ("would be freed" if f.live else "was freed")
         + f" while its use on {u} may still be queued"
     )
     use = f.last_use
-    return [
-        f"[uncovered free] {head}",
+    lines = [
+        f"[{label}] {head}{_times(info)}",
         f"  allocated at:  {_where(f.alloc_site)}",
-        f"  last use:      {use.op or use.verb} ({use.verb}) on {u} at {_where(use.site)}",
+        f"  last use:      {use.what} ({use.verb}) on {u} at {_where(use.site)}",
         f"  freed at:      {'(still alive: reported by a flush)' if f.live else _where(f.free_site)}",
-        f"  fix: after that last use, call npu_lifetime.record_use(x, <{u}>); or x.record_stream(<{u}>) "
-        f"before the free; or <{a}>.wait_stream(<{u}>) before the free.",
     ]
+    if not info.actual:
+        for reason, n in info.reasons:
+            lines.append(f"  why latent:    {reason}" + (f" ({n} of the frees)" if info.count > 1 else ""))
+    lines.append(f"  fix: {f.fix(name)}")
+    return lines
 
 
-def _race(f: DataRace, name: Namer) -> list:
+def _race(f: DataRace, name: Namer, info: GroupInfo) -> list:
     acc, prior = f.access, f.prior
     return [
-        f"[data race] {f.race} on {_storage(f)}: {acc.op or acc.verb} on {name(acc.stream)} is not ordered "
-        f"after {prior.op or prior.verb} on {name(prior.stream)}",
+        f"[data race] {f.race} on {_storage(f)}: {acc.what} on {name(acc.stream)} is not ordered "
+        f"after {prior.what} on {name(prior.stream)}{_times(info)}",
         f"  this {acc.verb}:  {_where(acc.site)}",
         f"  earlier {prior.verb}: {_where(prior.site)}",
-        f"  fix: <{name(acc.stream)}>.wait_stream(<{name(prior.stream)}>) (or wait on an event recorded on "
-        f"{name(prior.stream)}) after the {prior.verb} and before the {acc.verb}. "
-        "record_stream/record_use do not order accesses.",
+        f"  allocated at:  {_where(f.alloc_site)}",
+        f"  fix: {f.fix(name)}",
     ]
 
 
-def _other(f, name: Namer) -> list:
+def _reuse_race(f: ReuseRace, name: Namer, info: GroupInfo) -> list:
+    acc, prev = f.access, f.previous_use
+    return [
+        f"[reuse race] {_storage(f)} went to a new owner while its previous owner's use on "
+        f"{name(prev.stream)} may still run: {acc.what} ({acc.verb}) on {name(acc.stream)} is not "
+        f"ordered after {prev.what} ({prev.verb}){_times(info)}",
+        f"  new owner allocated at:      {_where(f.alloc_site)}",
+        f"  new owner's access:          {_where(acc.site)}",
+        f"  previous owner allocated at: {_where(f.free.alloc_site)}",
+        f"  previous owner's use:        {_where(prev.site)}",
+        f"  previous owner freed at:     {_where(f.free.free_site)} (uncovered: now actual)",
+        f"  fix: {f.fix(name)}",
+    ]
+
+
+def _other(f, name: Namer, info: GroupInfo) -> list:
     if isinstance(f, InvalidFree):
-        return [f"[invalid free] {f.reason} free of {_storage(f)} at {_where(f.site)}", f"  fix: {f.fix()}"]
+        return [f"[invalid free] {f.reason} free of {_storage(f)} at {_where(f.site)}{_times(info)}",
+                f"  fix: {f.fix(name)}"]
     if isinstance(f, UseAfterFree):
         return [
             f"[use after free] {f.op} of {_storage(f)} on {name(f.stream)} at {_where(f.site)}, "
-            f"freed at {_where(f.free_site)}",
-            f"  fix: {f.fix()}",
+            f"freed at {_where(f.free_site)}{_times(info)}",
+            f"  fix: {f.fix(name)}",
         ]
     if isinstance(f, UnrecordedEventWait):
         who = "the host" if f.stream is None else name(f.stream)
-        return [f"[unrecorded event wait] {who} waited on an event never recorded, at {_where(f.site)}",
-                f"  fix: {f.fix()}"]
+        return [f"[unrecorded event wait] {who} waited on an event never recorded, at {_where(f.site)}"
+                f"{_times(info)}", f"  fix: {f.fix(name)}"]
     return [repr(f)]
 
 
-def format_finding(f, name: Namer) -> str:
+def format_finding(f, name: Namer, info: GroupInfo) -> str:
     if isinstance(f, UncoveredFree):
-        return "\n".join(_uncovered_free(f, name))
+        return "\n".join(_uncovered_free(f, name, info))
     if isinstance(f, DataRace):
-        return "\n".join(_race(f, name))
-    return "\n".join(_other(f, name))
+        return "\n".join(_race(f, name, info))
+    if isinstance(f, ReuseRace):
+        return "\n".join(_reuse_race(f, name, info))
+    return "\n".join(_other(f, name, info))
 
 
-def format_findings(findings: list, name: Namer) -> str:
+def format_findings(findings: list, name: Namer, info_of: InfoOf, strict: bool = False) -> str:
     if not findings:
         return "npu_lifetime: no findings"
-    body = "\n\n".join(format_finding(f, name) for f in findings)
-    return f"npu_lifetime: {len(findings)} finding(s)\n\n{body}"
+    failing = [f for f in findings if info_of(f).fails(f, strict)]
+    latent = [f for f in findings if not info_of(f).fails(f, strict)]
+    head = (f"npu_lifetime: {len(findings)} finding(s): {len(failing)} fail the check"
+            f"{' (strict: every contract violation fails)' if strict else ''}, {len(latent)} latent")
+    parts = [head]
+    if failing:
+        parts += [format_finding(f, name, info_of(f)) for f in failing]
+    if latent:
+        parts.append(
+            "--- latent: uncovered frees no reuse raced with in this run, and uses of live storages a "
+            "free now would leave uncovered; they break the contract but corrupted nothing here "
+            "(--strict / strict=True fails on them) ---"
+        )
+        parts += [format_finding(f, name, info_of(f)) for f in latent]
+    return "\n\n".join(parts)
 
 
-def to_json(findings: list, name: Namer) -> list:
+def to_json(findings: list, name: Namer, info_of: InfoOf, strict: bool = False) -> list:
     out = []
     for f in findings:
-        entry = finding_to_json(f)
+        info = info_of(f)
+        entry = finding_to_json(f, name)
         for key in ("alloc_stream", "usage_stream", "stream"):
             if isinstance(getattr(f, key, None), tuple):
                 entry[key] = name(getattr(f, key))
-        for key in ("access", "prior", "last_use"):
+        for key in ("access", "prior", "last_use", "previous_use"):
             acc = getattr(f, key, None)
             if acc is not None:
                 entry[key]["stream"] = name(acc.stream)
-        entry["text"] = format_finding(f, name)
+        entry["count"] = info.count
+        entry["fails"] = info.fails(f, strict)
+        if isinstance(f, UncoveredFree):
+            entry["actual"] = info.actual
+            entry["latent_reasons"] = [{"reason": r, "frees": n} for r, n in info.reasons]
+        entry["text"] = format_finding(f, name, info)
         out.append(entry)
     return out

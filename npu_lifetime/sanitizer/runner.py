@@ -31,16 +31,22 @@ def resolve_device(device: str) -> str:
     return "sim"
 
 
+class CheckError(Exception):
+    """Bad input to ``check`` (no such script, a device this machine lacks):
+    nothing was run."""
+
+
 @dataclass
 class CheckResult:
     findings: list
+    failing: list  # those that fail the check (every finding under strict)
     report: str
     json: list
     script_failed: bool
 
     @property
     def exit_code(self) -> int:
-        if self.findings:
+        if self.failing:
             return EXIT_FINDINGS
         return EXIT_SCRIPT_FAILED if self.script_failed else EXIT_CLEAN
 
@@ -53,15 +59,26 @@ def check_script(
     policy: str = "poll",
     live: bool = True,
     on_race: str = "collect",
+    strict: bool = False,
 ) -> CheckResult:
-    from . import LifetimeSanitizer
+    """Runs ``script`` under a sanitizer.  Exit code 1 when findings fail
+    the check (races, reuse races, actual uncovered frees, invalid frees...;
+    with ``strict`` also latent uncovered frees and live uncovered uses)."""
+    import os
 
+    from . import DeviceUnavailable, LifetimeSanitizer
+
+    if not os.path.isfile(script):
+        raise CheckError(f"no such script: {script!r}")
     device = resolve_device(device)
+    try:
+        sanitizer = LifetimeSanitizer(device, on_race=on_race, warn_on_free=False, strict=strict)
+    except DeviceUnavailable as err:
+        raise CheckError(str(err)) from None
     if shim:
         from ..shim.install import install
 
         install(device, policy)
-    sanitizer = LifetimeSanitizer(device, on_race=on_race, warn_on_free=False)
     saved_argv = sys.argv
     sys.argv = [script, *args]
     failed = False
@@ -84,10 +101,12 @@ def check_script(
     namespace.clear()
     if not live:
         findings = [f for f in findings if not getattr(f, "live", False)]
-    return CheckResult(findings, sanitizer.report(findings), sanitizer.to_json(findings), failed)
+    return CheckResult(findings, sanitizer.failing(findings), sanitizer.report(findings),
+                       sanitizer.to_json(findings), failed)
 
 
 def write_json(result: CheckResult, path: Optional[str]) -> None:
     if path:
         with open(path, "w") as out:
-            json.dump({"findings": result.json, "script_failed": result.script_failed}, out, indent=2)
+            json.dump({"findings": result.json, "failing": len(result.failing),
+                       "script_failed": result.script_failed}, out, indent=2)

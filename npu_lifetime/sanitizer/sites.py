@@ -1,30 +1,63 @@
-"""Cheap call sites: a capture keeps code objects and line numbers only, and
-is formatted when a report needs it (CSAN extracts a full StackSummary on
-every access, a large part of its cost)."""
+"""Cheap call sites: a capture keeps the code objects and line numbers of
+the user's frames only (whether a code object is the user's is decided once
+per code object), stops after ``depth`` of them, and is formatted only when
+a report needs it (CSAN extracts a full StackSummary on every access, a
+large part of its cost).  Frames of this package, torch, the standard
+library, test runners and launchers are never kept; the walk passes through
+torch and this package (user code called back from torch, e.g. a module's
+``forward``) but stops at the first frame of the code that runs the user's
+(a test runner, ``runpy``, a launcher) once a user frame was found."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
 from typing import Optional
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DEMO = os.path.join(_PACKAGE_DIR, "viz", "demo.py")
+# code the user's code runs inside: the walk passes through it
+_PASS_THROUGH_PACKAGES = ("torch", "functorch")
+# code that runs the user's: test runners, property testing
+_RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "hypothesis", "_hypothesis_pytestplugin")
 _INTERNAL: Optional[tuple] = None
+_RUNNERS: Optional[tuple] = None
+_USER, _PASS, _RUNNER = 0, 1, 2
+
+
+def _package_dir(name: str) -> Optional[str]:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        return None
+    origin = os.path.abspath(spec.origin)
+    return os.path.dirname(origin) if spec.submodule_search_locations else origin
+
+
+def _classify(filename: str) -> int:
+    """User code, code it runs inside (this package, torch, the standard
+    library: weakref finalizers, contextlib), or code that runs it (test
+    runners, ``runpy``, console-script launchers such as ``npu-lifetime``)."""
+    global _INTERNAL, _RUNNERS
+    if _INTERNAL is None:
+        paths = sysconfig.get_paths()
+        stdlib = paths["stdlib"] + os.sep
+        _RUNNERS = (os.path.join(stdlib, "runpy.py"), paths["scripts"] + os.sep,
+                    os.path.join(_PACKAGE_DIR, "cli.py"), os.path.join(_PACKAGE_DIR, "sanitizer", "runner.py"),
+                    os.path.join(_PACKAGE_DIR, "user_script.py"),
+                    *filter(None, map(_package_dir, _RUNNER_PACKAGES)))
+        _INTERNAL = (_PACKAGE_DIR + os.sep, stdlib, *filter(None, map(_package_dir, _PASS_THROUGH_PACKAGES)))
+    if filename.startswith(_RUNNERS) or filename == "<frozen runpy>":
+        return _RUNNER
+    if filename == _DEMO:  # the built-in demo stands for the user's program
+        return _USER
+    if filename.startswith("<") or filename.startswith(_INTERNAL):
+        return _PASS
+    return _USER
 
 
 def _internal(filename: str) -> bool:
-    """Frames of this package, torch, and the standard library (weakref
-    finalizers, runpy) are not where a user looks."""
-    global _INTERNAL
-    if _INTERNAL is None:
-        import torch
-
-        _INTERNAL = (
-            _PACKAGE_DIR,
-            os.path.dirname(os.path.abspath(torch.__file__)),
-            sysconfig.get_paths()["stdlib"],
-        )
-    return filename.startswith(_INTERNAL)
+    return _classify(filename) != _USER
 
 
 class Site:
@@ -36,8 +69,7 @@ class Site:
         self.frames = frames  # ((code, lineno), ...)
 
     def user_frames(self) -> list:
-        out = [(code.co_filename, line, code.co_name) for code, line in self.frames]
-        return [f for f in out if not _internal(f[0])]
+        return [(code.co_filename, line, code.co_name) for code, line in self.frames]
 
     def innermost(self) -> str:
         frames = self.user_frames()
@@ -61,15 +93,63 @@ class Site:
         return f"Site({self.innermost()})"
 
 
-def capture(depth: int = 24, skip: int = 1) -> Optional[Site]:
+class Untracked:
+    """The site of a storage allocated before the sanitizer was enabled."""
+
+    __slots__ = ()
+
+    def user_frames(self) -> list:
+        return []
+
+    def innermost(self) -> str:
+        return "<allocated before the sanitizer was enabled: its allocation was not seen>"
+
+    def format(self, limit: int = 6) -> str:
+        return "    " + self.innermost()
+
+    def to_json(self) -> list:
+        return [{"file": None, "line": None, "function": self.innermost()}]
+
+    def __str__(self) -> str:
+        return self.innermost()
+
+    __repr__ = __str__
+
+
+UNTRACKED = Untracked()
+
+
+def key(site) -> object:
+    """What identifies a site for grouping findings (equal captures at the
+    same code location compare equal)."""
+    return site.frames if isinstance(site, Site) else site
+
+
+_kind_of: dict = {}  # code object -> _USER, _PASS or _RUNNER
+_MAX_WALK = 128  # frames looked at, at most
+
+
+def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
+    """The innermost ``depth`` user frames above the caller's ``skip``-th
+    frame, up to the code that runs the user's."""
     if depth <= 0:
         return None
     frame = sys._getframe(skip)
     frames = []
     append = frames.append
-    for _ in range(depth):
-        if frame is None:
+    kind_of = _kind_of
+    walked = 0
+    while frame is not None and walked < _MAX_WALK:
+        code = frame.f_code
+        kind = kind_of.get(code)
+        if kind is None:
+            kind = kind_of[code] = _classify(code.co_filename)
+        if kind == _USER:
+            append((code, frame.f_lineno))
+            if len(frames) == depth:
+                break
+        elif kind == _RUNNER and frames:
             break
-        append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
+        walked += 1
     return Site(tuple(frames))

@@ -1,24 +1,58 @@
 """Which sanitizers watch a device, for callers outside the dispatcher
-(``npu_lifetime.recording``): a fast yes/no for the hot path, and the
-delivery of record_use / record_stream / erase_stream calls to every
-enabled sanitizer that tracks the tensor."""
+(``npu_lifetime.recording``): a fast yes/no for the hot path, the delivery
+of record_use / record_stream / erase_stream calls to every enabled
+sanitizer that tracks the tensor, and a way for internal pollers to opt out
+of the sanitizer's view of event and stream queries.
+
+    with watchers.internal_polling():
+        done = event.query()   # not taken as a host synchronisation
+"""
 from __future__ import annotations
 
-from .backends import active_backend
+import contextlib
+import threading
+
+from . import dispatch
+
+_polling = threading.local()
 
 
 def watching(device_type: str) -> bool:
     """True when an enabled sanitizer tracks tensors of ``device_type``
     ("cuda", "npu", or "cpu" for the simulated device)."""
-    backend = active_backend()
-    return backend is not None and backend.device_type == device_type
+    return bool(dispatch.watching(device_type))
 
 
 def notify(call: str, tensor, stream) -> None:
-    """Tells each watching sanitizer of ``call`` ("record_use",
-    "record_stream" or "erase_stream") on ``tensor`` for ``stream`` (a
-    torch device stream or a ``simdevice.Stream``)."""
-    backend = active_backend()
-    if backend is None or backend.device_type != tensor.device.type:
-        return
-    getattr(backend.sink, call)(tensor, backend.stream_key(stream))
+    """Tells each enabled sanitizer that tracks ``tensor`` of ``call``
+    ("record_use", "record_stream" or "erase_stream") for ``stream`` (a torch
+    device stream or a ``simdevice.Stream``)."""
+    if call not in ("record_use", "record_stream", "erase_stream"):
+        raise ValueError(f"call must be record_use, record_stream or erase_stream, not {call!r}")
+    for sanitizer in dispatch.watching(tensor.device.type):
+        getattr(sanitizer, call)(tensor, sanitizer.backend.stream_key(stream))
+
+
+def track_allocation(tensor, stream) -> None:
+    """Tells each enabled sanitizer that tracks ``tensor`` that its storage
+    was just allocated on ``stream`` by an allocator no backend sees (the
+    simulated device's hand-off harness allocates from the shim)."""
+    for sanitizer in dispatch.watching(tensor.device.type):
+        sanitizer.track_allocation(tensor, sanitizer.backend.stream_key(stream))
+
+
+@contextlib.contextmanager
+def internal_polling():
+    """Event and stream queries made inside this block (on this thread) are
+    not host synchronisations for the sanitizer: a reclaimer polling its own
+    events learns nothing the program could rely on."""
+    outer = getattr(_polling, "on", False)
+    _polling.on = True
+    try:
+        yield
+    finally:
+        _polling.on = outer
+
+
+def polling_internally() -> bool:
+    return getattr(_polling, "on", False)

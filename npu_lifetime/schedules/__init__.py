@@ -4,11 +4,15 @@ strategies that generate them."""
 from .compare import Comparison, compare
 from .executor import Execution, delay_stream, execute, random_order
 from .oracle import run_oracle
+from .properties import executor_violation, oracle_disagreement
 from .runner import feed, finding_key, run_model
 from .schedule import (
+    Adopt,
     Alloc,
+    DeleteEvent,
     EraseStream,
     Free,
+    Op,
     QueryEvent,
     Read,
     RecordEvent,
@@ -26,8 +30,8 @@ from .schedule import (
 )
 
 __all__ = [
-    "Alloc", "Comparison", "EraseStream", "Execution", "Free", "QueryEvent", "Read",
+    "Adopt", "Alloc", "Comparison", "DeleteEvent", "Op", "EraseStream", "Execution", "Free", "QueryEvent", "Read",
     "RecordEvent", "RecordStream", "RecordUse", "Schedule", "ScheduleError", "SyncDevice",
     "SyncEvent", "SyncStream", "View", "WaitEvent", "WaitStream", "Write", "compare",
-    "delay_stream", "execute", "feed", "finding_key", "random_order", "run_model", "run_oracle",
+    "delay_stream", "execute", "executor_violation", "oracle_disagreement", "feed", "finding_key", "random_order", "run_model", "run_oracle",
 ]

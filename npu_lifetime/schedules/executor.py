@@ -16,8 +16,10 @@ after its reuse write is a corruption: it reads the new owner's data or
 clobbers it.  An access that finds another storage's tag in its cells has
 observed foreign data.
 
-With ``allocator_waits`` an allocation at a reused address also waits for the
-previous owner's reuse write, as an allocator that makes the allocating
+Memory is a set of cells: a storage covers ``[address, address + size)``.
+
+With ``allocator_waits`` an allocation over reused cells also waits for the
+previous owners' reuse writes, as an allocator that makes the allocating
 stream wait on the held events does.  That wait orders the new owner's
 stream after streams the program never synchronised with, so the check that
 an uncovered free can corrupt runs without it: a sanitizer must not credit
@@ -31,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .schedule import (
-    Alloc, EraseStream, Free, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
-    Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 Policy = Callable[[list], int]  # ready queues (sorted) -> the one to run
@@ -59,7 +61,7 @@ class _Op:
     kind: str  # alloc | access | record | wait | reuse
     step: int = -1
     storage: int = -1
-    address: int = 0
+    cells: range = range(0)
     is_write: bool = False
     token: Optional[int] = None
 
@@ -68,7 +70,7 @@ class _Op:
 class _Block:
     storage: int
     stream: int
-    address: int
+    cells: range
     recorded: dict = field(default_factory=dict)
     use_tokens: list = field(default_factory=list)
     freed: bool = False
@@ -88,7 +90,7 @@ class _Device:
     def __init__(self, schedule: Schedule, policy: Policy) -> None:
         self.queues = [deque() for _ in range(schedule.streams)]
         self.policy = policy
-        self.reuse_token: dict = {}  # address -> token of its last reuse write
+        self.reuse_token: dict = {}  # cell -> token of its last reuse write
         self.done_tokens: set = set()
         self.next_token = 0
         self.event_token: dict = {}
@@ -126,9 +128,11 @@ class _Device:
         if op.kind == "record":
             self.done_tokens.add(op.token)
         elif op.kind == "alloc":
-            self.memory[op.address] = op.storage
+            for cell in op.cells:
+                self.memory[cell] = op.storage
         elif op.kind == "reuse":
-            self.memory[op.address] = ("reused", op.storage)
+            for cell in op.cells:
+                self.memory[cell] = ("reused", op.storage)
             self.reused.add(op.storage)
             self.done_tokens.add(op.token)
         elif op.kind == "access":
@@ -137,17 +141,21 @@ class _Device:
     def access(self, op: _Op) -> None:
         if op.storage in self.reused:
             self.result.corrupted.setdefault(op.storage, []).append(op.step)
-        found = self.memory.get(op.address)
-        if found != op.storage:
-            self.result.foreign.append((op.step, found))
+        for cell in op.cells:
+            found = self.memory.get(cell)
+            if found != op.storage:
+                self.result.foreign.append((op.step, found))
+                break
         if op.is_write:
-            self.memory[op.address] = op.storage
+            for cell in op.cells:
+                self.memory[cell] = op.storage
 
 
 class _Host:
     """Issues the schedule's steps to the device in order."""
 
     def __init__(self, schedule: Schedule, device: _Device, allocator_waits: bool) -> None:
+        self.schedule = schedule
         self.d = device
         self.blocks: dict = {}
         self.allocator_waits = allocator_waits
@@ -156,16 +164,33 @@ class _Host:
         d = self.d
         match s:
             case Alloc():
-                self.blocks[s.tensor] = _Block(i, s.stream, s.address)
-                if self.allocator_waits and s.address in d.reuse_token:
-                    d.wait(s.stream, d.reuse_token[s.address])
-                d.queues[s.stream].append(_Op("alloc", i, i, s.address))
+                cells = range(s.address, s.address + s.size)
+                self.blocks[s.tensor] = _Block(i, s.stream, cells)
+                if self.allocator_waits:
+                    for token in {d.reuse_token[c] for c in cells if c in d.reuse_token}:
+                        d.wait(s.stream, token)
+                d.queues[s.stream].append(_Op("alloc", i, i, cells))
+            case Adopt():
+                cells = range(s.address, s.address + s.size)
+                self.blocks[s.tensor] = _Block(i, s.stream, cells)
+                for cell in cells:  # its data was there before the schedule began
+                    d.memory[cell] = i
             case View():
                 self.blocks[s.tensor] = self.blocks[s.base]
             case Read() | Write():
-                b = self.blocks[s.tensor]
-                if not b.freed:
-                    d.queues[s.stream].append(_Op("access", i, b.storage, b.address, isinstance(s, Write)))
+                self.access(i, s.tensor, s.stream, isinstance(s, Write))
+            case Op():
+                for event in s.before:
+                    self.step(i, event)
+                tensors = (*s.reads, *s.writes)
+                for block in dict.fromkeys(self.blocks[t].storage for t in tensors):
+                    written = any(self.blocks[t].storage == block for t in s.writes)
+                    tensor = next(t for t in tensors if self.blocks[t].storage == block)
+                    self.access(i, tensor, s.stream, written)
+                for event in s.after:
+                    self.step(i, event)
+            case DeleteEvent():
+                d.event_token.pop(s.event, None)
             case RecordStream() | EraseStream():
                 self.blocks[s.tensor].recorded[s.stream] = isinstance(s, RecordStream)
             case RecordUse():
@@ -186,7 +211,14 @@ class _Host:
             case SyncStream():
                 d.run_until(lambda: not d.queues[s.stream])
             case SyncDevice():
-                d.run_until(lambda: not any(d.queues))
+                streams = [q for k, q in enumerate(d.queues[: self.schedule.streams])
+                           if s.device is None or self.schedule.device_of(k) == s.device]
+                d.run_until(lambda: not any(streams))
+
+    def access(self, i: int, tensor: int, stream: int, is_write: bool) -> None:
+        b = self.blocks[tensor]
+        if not b.freed:
+            self.d.queues[stream].append(_Op("access", i, b.storage, b.cells, is_write))
 
     def free(self, b: _Block) -> None:
         if b.freed:
@@ -195,9 +227,10 @@ class _Host:
         d = self.d
         held = [d.record(b.stream), *b.use_tokens]
         held += [d.record(r) for r, on in b.recorded.items() if on and r != b.stream]
-        reuse = _Op("reuse", storage=b.storage, address=b.address, token=d.token())
+        reuse = _Op("reuse", storage=b.storage, cells=b.cells, token=d.token())
         d.queues.append(deque([*(_Op("wait", token=t) for t in held), reuse]))
-        d.reuse_token[b.address] = reuse.token
+        for cell in b.cells:
+            d.reuse_token[cell] = reuse.token
 
 
 def execute(schedule: Schedule, policy: Policy, allocator_waits: bool = True) -> Execution:

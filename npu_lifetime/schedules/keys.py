@@ -21,6 +21,12 @@ def uncovered_free(
     return ("uncovered_free", free_step, storage, usage_stream, last_use_step)
 
 
+def reuse_race(
+    access_step: int, storage: int, previous: int, usage_stream: int, previous_use_step: int
+) -> tuple:
+    return ("reuse_race", access_step, storage, previous, usage_stream, previous_use_step)
+
+
 def invalid_free(step: int, reason: str) -> tuple:
     return ("invalid_free", step, reason)
 

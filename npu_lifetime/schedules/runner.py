@@ -1,18 +1,22 @@
-"""Feeds a schedule to the lifetime model, step by step."""
+"""Feeds a schedule to the lifetime model, step by step, the way the torch
+front end feeds a program: an ``Op``'s in-op events arrive first and its
+accesses after them, put back in place by ``lifetime.op_order``."""
 from __future__ import annotations
 
 from ..lifetime import (
     DataRace,
     InvalidFree,
     LifetimeModel,
+    ReuseRace,
     UncoveredFree,
     UnrecordedEventWait,
     UseAfterFree,
 )
+from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point
 from . import keys
 from .schedule import (
-    Alloc, EraseStream, Free, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
-    Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 
@@ -20,7 +24,7 @@ def feed(schedule: Schedule, model: LifetimeModel) -> None:
     """Replays ``schedule`` into ``model``.  Sites are step indices and a
     storage is named by the index of the step that allocated it."""
     for stream in range(schedule.streams):
-        model.create_stream(stream)
+        model.create_stream(stream, device=schedule.device_of(stream))
     for event in range(schedule.events):
         model.create_event(event)
     storage_of: dict = {}
@@ -42,6 +46,11 @@ def finding_key(finding) -> tuple:
         return keys.uncovered_free(
             finding.free_site, finding.storage, finding.usage_stream, finding.last_use.site
         )
+    if isinstance(finding, ReuseRace):
+        return keys.reuse_race(
+            finding.access.site, finding.storage, finding.previous,
+            finding.usage_stream, finding.previous_use.site,
+        )
     if isinstance(finding, InvalidFree):
         return keys.invalid_free(finding.site, finding.reason)
     if isinstance(finding, UseAfterFree):
@@ -56,13 +65,54 @@ def _alloc(m, s: Alloc, i, storage_of):
     m.allocate(i, s.stream, s.address, s.size, site=i)
 
 
+def _adopt(m, s: Adopt, i, storage_of):
+    storage_of[s.tensor] = i
+    m.allocate(i, s.stream, s.address, s.size, site=i, preexisting=True)
+
+
 def _view(m, s: View, i, storage_of):
     storage_of[s.tensor] = storage_of[s.base]
 
 
+def _delete_event(m, s: DeleteEvent, i, storage_of):
+    m.delete_event(s.event)
+    m.create_event(s.event)  # the number now names a new event
+
+
+def _kind(step, op_stream) -> tuple:
+    """How the front end classifies an in-op event (see lifetime.op_order)."""
+    if isinstance(step, RecordEvent):
+        return (RECORD, step.stream)
+    if isinstance(step, WaitEvent):
+        return (WAIT, step.stream)
+    if isinstance(step, (SyncStream, SyncEvent, QueryEvent, SyncDevice)):
+        return (HOST_SYNC, None)
+    return (OTHER, None)
+
+
+def _op(m, s: Op, i, storage_of):
+    """As the front end sees an op: its in-op events in issue order, then its
+    accesses, which ``access_point`` puts back among them."""
+    inside = (*s.before, *s.after)
+    point = access_point([_kind(e, s.stream) for e in inside], s.stream)
+    for event in inside[:point]:
+        _STEP[type(event)](m, event, i, storage_of)
+    written = {storage_of[t] for t in s.writes}
+    seen: dict = {}
+    for t in (*s.reads, *s.writes):
+        seen.setdefault(storage_of[t], None)
+    for storage in seen:
+        m.access(storage, s.stream, storage in written, op="op", site=i)
+    for event in inside[point:]:
+        _STEP[type(event)](m, event, i, storage_of)
+
+
 _STEP = {
     Alloc: _alloc,
+    Adopt: _adopt,
     View: _view,
+    Op: _op,
+    DeleteEvent: _delete_event,
     Read: lambda m, s, i, st: m.read(st[s.tensor], s.stream, op="read", site=i),
     Write: lambda m, s, i, st: m.write(st[s.tensor], s.stream, op="write", site=i),
     Free: lambda m, s, i, st: m.free(st[s.tensor], site=i),
@@ -75,5 +125,5 @@ _STEP = {
     QueryEvent: lambda m, s, i, st: m.event_query_complete(s.event, site=i),
     WaitStream: lambda m, s, i, st: m.wait_stream(s.waiter, s.waitee),
     SyncStream: lambda m, s, i, st: m.synchronize_stream(s.stream),
-    SyncDevice: lambda m, s, i, st: m.synchronize_device(),
+    SyncDevice: lambda m, s, i, st: m.synchronize_device(s.device),
 }

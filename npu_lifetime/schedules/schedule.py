@@ -1,7 +1,10 @@
 """A small public language for multi-stream programs: a ``Schedule`` is the
 sequence of steps a host issues.  Streams are ``0 .. streams-1`` (0 is the
-default stream), events ``0 .. events-1``, and tensors are named by the
-integer the step that created them gives them (``Alloc`` or ``View``).
+default stream; stream ``s`` is on device ``s % devices``), events
+``0 .. events-1``, and tensors are named by the integer the step that
+created them gives them (``Alloc``, ``Adopt`` or ``View``).  Addresses and
+sizes are in abstract cells: two storages overlap when their
+``[address, address + size)`` ranges do.
 
 ``repr(schedule)`` is valid Python once ``from npu_lifetime.schedules import *``
 has run, so a failing schedule can be pasted back as a reproducer.
@@ -9,12 +12,23 @@ has run, so a failing schedule can be pasted back as a reproducer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 
 @dataclass(frozen=True, slots=True)
 class Alloc:
     """A new storage on ``stream`` at ``address`` (addresses may be reused)."""
+    tensor: int
+    stream: int
+    address: int
+    size: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """A storage that existed, allocated on ``stream``, before tracking began
+    (a tensor made before the sanitizer was enabled): ordered before
+    everything, with nothing known of its earlier uses."""
     tensor: int
     stream: int
     address: int
@@ -103,15 +117,46 @@ class SyncStream:
 
 @dataclass(frozen=True, slots=True)
 class SyncDevice:
-    pass
+    """The host waits for every stream of ``device`` (of every device if None)."""
+    device: Optional[int] = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteEvent:
+    """The event is destroyed; its number then names a new, unrecorded event."""
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One op queued on ``stream`` that reads ``reads`` and writes ``writes``
+    (each storage once: a write if any of its tensors is written, in the
+    order its tensors first appear in ``reads + writes``), and that issues
+    device events of its own: ``before`` its kernels (waits by ``stream``,
+    records on other streams: a copy's or a collective's barrier) and
+    ``after`` them (records on ``stream``, waits by other streams, host
+    synchronisations: ``.item()``, a blocking copy to the host).
+
+    A sanitizer sees the op's accesses only when it returns, after all of
+    these events: it must put them back in between."""
+    stream: int
+    reads: tuple = ()
+    writes: tuple = ()
+    before: tuple = ()
+    after: tuple = ()
 
 
 Step = Union[
-    Alloc, View, Read, Write, Free, RecordStream, EraseStream, RecordUse,
+    Alloc, Adopt, View, Read, Write, Free, RecordStream, EraseStream, RecordUse,
     RecordEvent, WaitEvent, SyncEvent, QueryEvent, WaitStream, SyncStream, SyncDevice,
+    DeleteEvent, Op,
 ]
 
 TENSOR_STEPS = (Read, Write, Free, RecordStream, EraseStream, RecordUse)
+HOST_SYNCS = (SyncStream, SyncEvent, QueryEvent, SyncDevice)
+# what an op may issue before its kernels, and after them
+_BEFORE = (WaitEvent, RecordEvent)
+_AFTER = (RecordEvent, WaitEvent, *HOST_SYNCS)
 
 
 class ScheduleError(ValueError):
@@ -123,10 +168,14 @@ class Schedule:
     streams: int
     events: int
     steps: tuple
+    devices: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
         self.validate()
+
+    def device_of(self, stream: int) -> int:
+        return stream % self.devices
 
     def validate(self) -> None:
         tensors: set = set()
@@ -142,7 +191,11 @@ class Schedule:
                 return f"stream {value} out of range 0..{self.streams - 1}"
         if hasattr(step, "event") and not 0 <= step.event < self.events:
             return f"event {step.event} out of range 0..{self.events - 1}"
-        if isinstance(step, (Alloc, View)):
+        if isinstance(step, SyncDevice) and step.device is not None and not 0 <= step.device < self.devices:
+            return f"device {step.device} out of range 0..{self.devices - 1}"
+        if isinstance(step, Op):
+            return self._op_problem(step, tensors)
+        if isinstance(step, (Alloc, Adopt, View)):
             if step.tensor in tensors:
                 return f"tensor {step.tensor} already named"
             if isinstance(step, View) and step.base not in tensors:
@@ -152,13 +205,30 @@ class Schedule:
             return f"unknown tensor {step.tensor}"
         return ""
 
-    def to_python(self) -> str:
-        """A runnable snippet that rebuilds this schedule and compares the
-        model with the oracle on it."""
-        steps = ",\n".join(f"        {step!r}" for step in self.steps)
+    def _op_problem(self, op: Op, tensors: set) -> str:
+        unknown = [t for t in (*op.reads, *op.writes) if t not in tensors]
+        if unknown:
+            return f"unknown tensor {unknown[0]}"
+        for inner in (*op.before, *op.after):
+            problem = self._problem(inner, tensors)
+            if problem:
+                return f"in the op: {problem}"
+        for inner in op.before:
+            own = getattr(inner, "stream", None) == op.stream
+            if not isinstance(inner, _BEFORE) or (own != isinstance(inner, WaitEvent)):
+                return f"before its kernels an op only waits on its stream or records on others, not {inner!r}"
+        for inner in op.after:
+            if not isinstance(inner, _AFTER) or (isinstance(inner, WaitEvent) and inner.stream == op.stream):
+                return f"after its kernels an op records, syncs or makes other streams wait, not {inner!r}"
+        return ""
+
+    def to_python(self, check: str = "compare(schedule)") -> str:
+        """A runnable snippet that rebuilds this schedule and prints ``check``
+        on it (by default: the model against the oracle)."""
+        steps = "".join(f"        {step!r},\n" for step in self.steps)
         return (
             "from npu_lifetime.schedules import *\n\n"
             f"schedule = Schedule(streams={self.streams}, events={self.events}, steps=(\n"
-            f"{steps},\n    ))\n"
-            "print(compare(schedule))\n"
+            f"{steps}    ), devices={self.devices})\n"
+            f"print({check})\n"
         )

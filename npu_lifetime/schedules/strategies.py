@@ -1,15 +1,22 @@
-"""Hypothesis strategies for random multi-stream schedules.
+"""Random multi-stream schedules: a builder that interprets raw bytes, and
+hypothesis strategies over it.
 
-``schedules()`` draws a list of small integer triples and interprets each as
-one step against the state built so far (live tensors, free addresses,
-recorded events), skipping triples that do not apply.  Drawing plain
-integers keeps generation fast, and lets hypothesis shrink a failing
-schedule by deleting steps and lowering numbers while it stays valid.
+``build_schedule(data, ...)`` reads four bytes per step (kind and three
+arguments) and interprets them against the state built so far (live
+tensors, memory cells, recorded events), skipping what does not apply.
+Any byte string is a valid input, so generation is cheap (the fuzzer feeds
+it ``random`` bytes) and shrinking is easy (hypothesis, or the fuzzer's own
+shrinker, deletes steps and lowers bytes while the schedule stays valid).
 
-Generated schedules are what a caching allocator could produce: a freed
-address is reused only by an allocation on the stream that freed it, or on
-any stream once the device has been synchronised since (the block went back
-to the driver).
+Generated schedules are what a caching allocator could produce: memory is
+16-cell blocks, an allocation takes a whole block, a half or a quarter of
+one (a split block); freed cells are reused only by an allocation on the
+stream that allocated them last, or on any stream of their device once that
+device has been synchronised since (the memory went back to the driver).
+They include storages that existed before tracking (``Adopt``), deleted
+events, two devices with per-device syncs, and ops that issue events of
+their own (``Op``: barriers before the kernels, records and host syncs
+after).
 """
 from __future__ import annotations
 
@@ -19,78 +26,133 @@ from typing import Optional
 from hypothesis import strategies as st
 
 from .schedule import (
-    Alloc, EraseStream, Free, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
-    Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
-# Each kind's weight is how often it appears in this list.  Index 0 is what
-# shrinking moves towards, so the simplest step comes first.
-_KINDS = (
+# Each kind's weight is how often it appears in this list.  Byte value 0 is
+# what shrinking moves towards, so the simplest step comes first.
+KINDS = (
     "read", "write", "alloc", "free",
-    "read", "write", "alloc", "free", "read", "write",
+    "read", "write", "alloc", "free", "read", "write", "op", "op", "split_alloc",
     "view", "record_stream", "record_use", "erase_stream",
     "record_event", "wait_event", "wait_stream", "wait_stream",
-    "sync_stream", "sync_event", "query_event", "sync_device",
+    "sync_stream", "sync_event", "sync_device", "delete_event", "adopt",
 )
-_SLOT_BYTES = 0x1000
+BYTES_PER_STEP = 4
+BLOCK_CELLS = 16
+_PIECES = ((0, 16), (0, 8), (8, 8), (0, 4), (4, 4), (8, 4), (12, 4))  # (offset, cells)
 
 
 @dataclass
-class _Slot:
-    last_stream: Optional[int] = None
+class _Cell:
+    owner: Optional[int] = None  # live root tensor
+    last_stream: Optional[int] = None  # allocation stream of its last owner
     synced_since_free: bool = True
+    used: bool = False  # ever allocated (an Adopt needs fresh memory)
 
 
 @dataclass
 class _Builder:
     streams: int
     events: int
-    slots: int
+    devices: int
+    blocks: int
     misuse: bool
     steps: list = field(default_factory=list)
-    live: list = field(default_factory=list)      # tensor names
+    live: list = field(default_factory=list)  # tensor names
     dead: list = field(default_factory=list)
-    storage: dict = field(default_factory=dict)   # tensor -> root tensor
-    slot_of: dict = field(default_factory=dict)   # root tensor -> slot
+    storage: dict = field(default_factory=dict)  # tensor -> root tensor
+    cells_of: dict = field(default_factory=dict)  # root tensor -> range of cells
     recorded_events: set = field(default_factory=set)
     next_tensor: int = 0
 
     def __post_init__(self) -> None:
-        self.slot_state = [_Slot() for _ in range(self.slots)]
+        self.cells = [_Cell() for _ in range(self.blocks * BLOCK_CELLS)]
+        self.occupied = [0] * self.blocks  # per block, a bit per owned cell
+        self.on_device = [[s for s in range(self.streams) if s % self.devices == d] for d in range(self.devices)]
 
-    def add(self, kind: str, a: int, b: int) -> None:
-        getattr(self, "_" + kind)(a, b)
+    def add(self, kind: str, a: int, b: int, c: int) -> None:
+        getattr(self, "_" + kind)(a, b, c)
+
+    # -- helpers --------------------------------------------------------------
+    def _device_of(self, stream: int) -> int:
+        return stream % self.devices
+
+    def _block_device(self, block: int) -> int:
+        return block % self.devices
 
     def _tensor(self, a: int) -> Optional[int]:
         """A tensor to act on; with none live, allocates one instead."""
         pool = self.live + self.dead if self.misuse else self.live
         if pool:
             return pool[a % len(pool)]
-        self._alloc(a, a)
+        self._alloc(a, a, 0)
         return None
 
     def _name(self) -> int:
         self.next_tensor += 1
         return self.next_tensor - 1
 
-    def _alloc(self, a: int, b: int) -> None:
-        busy = set(self.slot_of.values())
-        free = [s for s in range(self.slots) if s not in busy]
-        if not free:
-            return
-        slot = free[b % len(free)]
-        state = self.slot_state[slot]
-        stream = a % self.streams
-        if state.last_stream is not None and not state.synced_since_free:
-            stream = state.last_stream
+    def _placements(self, pieces, stream_hint: int) -> list:
+        """(start cell, cells, stream) for every free placement of ``pieces``
+        that the allocation rule allows, streams chosen from ``stream_hint``."""
+        out = []
+        for block in range(self.blocks):
+            occupied = self.occupied[block]
+            for offset, size in pieces:
+                if occupied & (((1 << size) - 1) << offset):
+                    continue
+                start = block * BLOCK_CELLS + offset
+                span = self.cells[start:start + size]
+                bound = {c.last_stream for c in span if c.last_stream is not None and not c.synced_since_free}
+                if len(bound) > 1:
+                    continue
+                if bound:
+                    stream = bound.pop()
+                else:
+                    on_device = self.on_device[self._block_device(block)]
+                    if not on_device:
+                        continue
+                    stream = on_device[stream_hint % len(on_device)]
+                out.append((start, size, stream))
+        return out
+
+    def _place(self, start: int, size: int, stream: int, step_class) -> None:
         t = self._name()
-        self.steps.append(Alloc(t, stream, (slot + 1) * _SLOT_BYTES, _SLOT_BYTES))
+        self.steps.append(step_class(t, stream, start, size))
         self.live.append(t)
         self.storage[t] = t
-        self.slot_of[t] = slot
-        state.last_stream = stream
+        self.cells_of[t] = range(start, start + size)
+        self.occupied[start // BLOCK_CELLS] |= ((1 << size) - 1) << (start % BLOCK_CELLS)
+        for cell in self.cells_of[t]:
+            c = self.cells[cell]
+            c.owner, c.last_stream, c.used = t, stream, True
 
-    def _view(self, a: int, b: int) -> None:
+    # -- steps ----------------------------------------------------------------
+    def _alloc(self, a: int, b: int, c: int) -> None:
+        self._allocate(self._placements(_PIECES[:1], a), b, c)
+
+    def _split_alloc(self, a: int, b: int, c: int) -> None:
+        self._allocate(self._placements(_PIECES[1:], a), b, c)
+
+    def _allocate(self, options: list, b: int, c: int) -> None:
+        # half the time, memory freed before (where reuse races live), if any
+        reused = [o for o in options if any(cell.used for cell in self.cells[o[0]:o[0] + o[1]])]
+        if reused and c % 2:
+            options = reused
+        if options:
+            self._place(*options[b % len(options)], Alloc)
+
+    def _adopt(self, a: int, b: int, c: int) -> None:
+        options = [
+            (start, size, stream) for start, size, stream in self._placements(_PIECES[:1], a)
+            if not any(cell.used for cell in self.cells[start:start + size])
+        ]
+        if options:
+            self._place(*options[b % len(options)], Adopt)
+
+    def _view(self, a: int, b: int, c: int) -> None:
         if self.live:
             base = self.live[a % len(self.live)]
             t = self._name()
@@ -98,14 +160,18 @@ class _Builder:
             self.live.append(t)
             self.storage[t] = self.storage[base]
 
-    def _free(self, a: int, b: int) -> None:
+    def _free(self, a: int, b: int, c: int) -> None:
         t = self._tensor(a)
         if t is None:
             return
         self.steps.append(Free(t))
         root = self.storage[t]
-        if root in self.slot_of:
-            self.slot_state[self.slot_of.pop(root)].synced_since_free = False
+        if root in self.cells_of:
+            cells = self.cells_of.pop(root)
+            self.occupied[cells.start // BLOCK_CELLS] &= ~(((1 << len(cells)) - 1) << (cells.start % BLOCK_CELLS))
+            for cell in cells:
+                self.cells[cell].owner = None
+                self.cells[cell].synced_since_free = False
         gone = [x for x in self.live if self.storage[x] == root]
         self.live = [x for x in self.live if self.storage[x] != root]
         self.dead += gone
@@ -115,62 +181,116 @@ class _Builder:
         if t is not None:
             self.steps.append(cls(t, b % self.streams))
 
-    def _read(self, a, b): self._on_tensor(Read, a, b)
-    def _write(self, a, b): self._on_tensor(Write, a, b)
-    def _record_stream(self, a, b): self._on_tensor(RecordStream, a, b)
-    def _erase_stream(self, a, b): self._on_tensor(EraseStream, a, b)
-    def _record_use(self, a, b): self._on_tensor(RecordUse, a, b)
+    def _read(self, a, b, c): self._on_tensor(Read, a, b)
+    def _write(self, a, b, c): self._on_tensor(Write, a, b)
+    def _record_stream(self, a, b, c): self._on_tensor(RecordStream, a, b)
+    def _erase_stream(self, a, b, c): self._on_tensor(EraseStream, a, b)
+    def _record_use(self, a, b, c): self._on_tensor(RecordUse, a, b)
 
-    def _record_event(self, a: int, b: int) -> None:
+    def _record_event(self, a: int, b: int, c: int) -> None:
         if self.events:
-            self.steps.append(RecordEvent(a % self.events, b % self.streams))
-            self.recorded_events.add(a % self.events)
+            self.steps.append(self._record(a % self.events, b % self.streams))
+
+    def _record(self, event: int, stream: int) -> RecordEvent:
+        self.recorded_events.add(event)
+        return RecordEvent(event, stream)
 
     def _event(self, a: int) -> Optional[int]:
         # Waiting on a never-recorded event is misuse; keep it out otherwise.
         pool = range(self.events) if self.misuse else sorted(self.recorded_events)
         return pool[a % len(pool)] if len(pool) else None
 
-    def _wait_event(self, a: int, b: int) -> None:
+    def _wait_event(self, a: int, b: int, c: int) -> None:
         e = self._event(a)
         if e is not None:
             self.steps.append(WaitEvent(b % self.streams, e))
 
-    def _sync_event(self, a: int, b: int) -> None:
+    def _sync_event(self, a: int, b: int, c: int) -> None:
         e = self._event(a)
         if e is not None:
             self.steps.append(SyncEvent(e) if b % 2 else QueryEvent(e))
 
-    _query_event = _sync_event
+    def _delete_event(self, a: int, b: int, c: int) -> None:
+        if self.events:
+            self.steps.append(DeleteEvent(a % self.events))
+            self.recorded_events.discard(a % self.events)
 
-    def _wait_stream(self, a: int, b: int) -> None:
+    def _wait_stream(self, a: int, b: int, c: int) -> None:
         waiter, waitee = a % self.streams, b % self.streams
         if waiter != waitee:
             self.steps.append(WaitStream(waiter, waitee))
 
-    def _sync_stream(self, a: int, b: int) -> None:
+    def _sync_stream(self, a: int, b: int, c: int) -> None:
         self.steps.append(SyncStream(a % self.streams))
 
-    def _sync_device(self, a: int, b: int) -> None:
-        self.steps.append(SyncDevice())
-        for state in self.slot_state:
-            state.synced_since_free = True
+    def _sync_device(self, a: int, b: int, c: int) -> None:
+        device = None if self.devices == 1 or b % 3 == 0 else a % self.devices
+        self.steps.append(SyncDevice(device))
+        for cell_index, cell in enumerate(self.cells):
+            if device is None or self._block_device(cell_index // BLOCK_CELLS) == device:
+                cell.synced_since_free = True
+
+    def _op(self, a: int, b: int, c: int) -> None:
+        """An op on a stream that reads a tensor and writes another (or
+        itself), with in-op events before and after its kernels."""
+        t = self._tensor(a)
+        if t is None:
+            return
+        stream = b % self.streams
+        pool = self.live + self.dead if self.misuse else self.live
+        other = pool[(a >> 3) % len(pool)]
+        shape = (b >> 2) % 4  # read t, write other / read t / write t / read and write t
+        reads = () if shape == 2 else (t,)
+        writes = ((other,), (), (t,), (t,))[shape]
+        before, after = self._op_events(stream, c)
+        self.steps.append(Op(stream, reads, writes, before, after))
+
+    def _op_events(self, stream: int, c: int) -> tuple:
+        """In-op events like a real op's: none; a barrier on another stream
+        (cross-device copy, collective launch); a host read-back (``item``);
+        a completion record waited on by another stream."""
+        other = (stream + 1 + (c >> 5) % max(1, self.streams - 1)) % self.streams
+        e = (c >> 3) % self.events if self.events else None
+        before: tuple = ()
+        after: tuple = ()
+        pick = c % 8
+        if e is not None and other != stream and pick in (1, 2):
+            before = (self._record(e, other), WaitEvent(stream, e))
+        if pick in (2, 3) and e is not None:
+            after = (self._record(e, stream),) + ((WaitEvent(other, e),) if other != stream else ())
+        elif pick == 4:
+            after = (SyncStream(stream),)
+        elif pick == 5:
+            after = (SyncDevice(self._device_of(stream) if self.devices > 1 else None),)
+            self._sync_device_cells(self._device_of(stream) if self.devices > 1 else None)
+        elif pick == 6 and e is not None:
+            after = (self._record(e, stream), SyncEvent(e))
+        return before, after
+
+    def _sync_device_cells(self, device: Optional[int]) -> None:
+        for cell_index, cell in enumerate(self.cells):
+            if device is None or self._block_device(cell_index // BLOCK_CELLS) == device:
+                cell.synced_since_free = True
 
 
 def build_schedule(
-    raw, streams: int, events: int, slots: int = 3, misuse: bool = False
+    data: bytes, streams: int, events: int, devices: int = 1, blocks: int = 3, misuse: bool = False
 ) -> Schedule:
-    """Interprets ``(kind, a, b)`` integer triples as a valid schedule."""
-    builder = _Builder(streams, events, slots, misuse)
-    for kind, a, b in raw:
-        builder.add(_KINDS[kind % len(_KINDS)], a, b)
-    return Schedule(streams, events, tuple(builder.steps))
+    """Interprets ``data`` (four bytes a step) as a valid schedule."""
+    builder = _Builder(streams, events, devices, blocks, misuse)
+    usable = len(data) - len(data) % BYTES_PER_STEP
+    for i in range(0, usable, BYTES_PER_STEP):
+        kind, a, b, c = data[i:i + BYTES_PER_STEP]
+        builder.add(KINDS[kind % len(KINDS)], a, b, c)
+    return Schedule(streams, events, tuple(builder.steps), devices)
 
 
-def raw_steps(max_steps: int = 30):
-    """The strategy for the integer triples ``build_schedule`` interprets."""
-    byte = st.integers(0, 255)
-    return st.lists(st.tuples(st.integers(0, len(_KINDS) - 1), byte, byte), max_size=max_steps)
+def raw_steps(max_steps: int = 30, min_steps: int = 0):
+    """The strategy for the bytes ``build_schedule`` interprets: a length in
+    steps drawn uniformly first, so long schedules are as common as short."""
+    return st.integers(min_steps, max_steps).flatmap(
+        lambda n: st.binary(min_size=n * BYTES_PER_STEP, max_size=n * BYTES_PER_STEP)
+    )
 
 
 @st.composite
@@ -179,14 +299,31 @@ def schedules(
     max_streams: int = 3,
     max_events: int = 2,
     max_steps: int = 30,
-    slots: int = 3,
+    blocks: int = 3,
     misuse: bool = False,
+    max_devices: int = 2,
 ) -> Schedule:
     """Random valid schedules of at most ``max_steps`` steps over 1 to
-    ``max_streams`` streams, 0 to ``max_events`` events and ``slots``
-    reusable addresses.  With ``misuse``, they may also free a storage twice,
-    use a freed one, or wait on an event never recorded."""
+    ``max_streams`` streams on 1 to ``max_devices`` devices, 0 to
+    ``max_events`` events and ``blocks`` blocks of reusable memory.  With
+    ``misuse``, they may also free a storage twice, use a freed one, or wait
+    on an event never recorded."""
     streams = draw(st.integers(1, max_streams))
     events = draw(st.integers(0, max_events))
-    raw = draw(raw_steps(max_steps))
-    return build_schedule(raw, streams, events, slots, misuse)
+    devices = draw(st.integers(1, max(1, min(max_devices, streams))))
+    data = draw(raw_steps(max_steps))
+    return build_schedule(data, streams, events, devices, blocks, misuse)
+
+
+def random_schedule(rng, max_streams: int, max_events: int, max_steps: int,
+                    blocks: int = 3, misuse: bool = False, max_devices: int = 2) -> tuple:
+    """One schedule from ``random.Random`` ``rng`` without hypothesis (the
+    fuzzer's fast path); returns ``(schedule, config, data)`` so the same
+    schedule can be rebuilt (and shrunk) from its bytes."""
+    streams = rng.randint(1, max_streams)
+    events = rng.randint(0, max_events)
+    devices = rng.randint(1, max(1, min(max_devices, streams)))
+    length = max(rng.randint(1, max_steps), rng.randint(1, max_steps))  # long ones more often
+    data = rng.randbytes(length * BYTES_PER_STEP)
+    config = (streams, events, devices, blocks, misuse)
+    return build_schedule(data, *config), config, data

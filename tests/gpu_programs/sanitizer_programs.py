@@ -59,7 +59,60 @@ def table_under_shim():
     return out
 
 
-PROGRAMS = {f.__name__: f for f in (uncovered_free_under_shim, table_under_shim)}
+def warnings_as_errors_under_shim():
+    """Two uncovered uses at one free under ``-W error``: the sanitizer keeps
+    both findings and tells the shim of both, so the block is deferred."""
+    import warnings
+
+    npu_lifetime.install("cuda")
+    warm_up_kernels()
+    warnings.simplefilter("error")
+    san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=True)
+    with san:
+        sides = [torch.cuda.Stream(), torch.cuda.Stream()]
+        x = torch.ones(N, device="cuda")
+        x_ptr = x.data_ptr()
+        for side in sides:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                x.sum()
+        del x
+        gc.collect()
+        z = torch.empty(N, device="cuda")
+        reused = z.data_ptr() == x_ptr
+        torch.cuda.synchronize()
+    found = [f for f in san.flush() if not getattr(f, "live", False)]
+    return {"sanitizer": sorted(f.kind for f in found), "shim": sorted(f["kind"] for f in shim.findings()),
+            "reused": reused}
+
+
+def reuse_race_native_allocator():
+    """The caching allocator hands a freed block straight back on its stream:
+    the new owner's write is not ordered after the uncovered read."""
+    warm_up_kernels()
+    san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
+    with san:
+        side = torch.cuda.Stream()
+        x = torch.ones(N, device="cuda")
+        x_ptr = x.data_ptr()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            y = x * 2
+        del x
+        z = torch.empty(N, device="cuda")
+        reused = z.data_ptr() == x_ptr
+        z.fill_(7.0)
+        torch.cuda.synchronize()
+        corrupted = not bool((y == 2).all())
+    found = [f for f in san.flush() if not getattr(f, "live", False)]
+    return {"kinds": sorted(f.kind for f in found), "failing": sorted(f.kind for f in san.failing(found)),
+            "reused": reused, "corrupted": corrupted}
+
+
+PROGRAMS = {f.__name__: f for f in (uncovered_free_under_shim, table_under_shim, warnings_as_errors_under_shim,
+                                    reuse_race_native_allocator)}
 
 if __name__ == "__main__":
     print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))

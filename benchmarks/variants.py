@@ -1,0 +1,93 @@
+"""Shared by the sanitizer benchmarks: run one workload under several
+variants (none, CSAN, the lifetime sanitizer, the lifetime sanitizer with the
+allocator shim), each in a fresh child process, rounds alternating the order,
+and print medians and the overhead ratio to CSAN's from the same run."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS_GPU = ("none", "csan", "lifetime", "lifetime+shim")
+VARIANTS_SIM = ("none", "lifetime")
+
+
+def setup_variant(variant: str, device: str):
+    """In a child: installs what the variant needs; returns the lifetime
+    sanitizer (enabled) or None."""
+    if variant == "lifetime+shim":
+        import npu_lifetime
+
+        npu_lifetime.install("cuda")
+    if variant == "csan":
+        from torch.cuda._sanitizer import enable_cuda_sanitizer
+
+        enable_cuda_sanitizer()
+    if variant.startswith("lifetime"):
+        from npu_lifetime.sanitizer import LifetimeSanitizer
+
+        return LifetimeSanitizer(device, on_race="raise").enable()
+    return None
+
+
+def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repeats: int) -> None:
+    """In a child: warm up, time ``run()`` (which returns its op count)
+    ``repeats`` times, check the sanitizer found nothing that fails, print
+    one JSON line."""
+    sanitizer = setup_variant(variant, device)
+    warm_up()
+    times, ops = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ops = run()
+        times.append(time.perf_counter() - t0)
+    if sanitizer is not None:
+        sanitizer.disable()
+        findings = sanitizer.failing([f for f in sanitizer.flush() if not getattr(f, "live", False)])
+        assert not findings, sanitizer.report(findings)
+    print(json.dumps({"times": times, "ops": ops}))
+
+
+def alternate(script: str, device: str, rounds: int, child_args: list, describe: str) -> dict:
+    """In the parent: runs every variant ``rounds`` times in fresh processes
+    (order reversed every other round); prints the table; returns medians."""
+    variants = VARIANTS_GPU if device == "cuda" else VARIANTS_SIM
+    samples: dict = {v: [] for v in variants}
+    ops = 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else reversed(variants):
+            done = subprocess.run(
+                [sys.executable, script, "--child", variant, "--device", device, *child_args],
+                capture_output=True, text=True, env=env, cwd=ROOT,
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            samples[variant] += result["times"]
+            ops = result["ops"]
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    medians = {v: statistics.median(samples[v]) for v in variants}
+    base = medians["none"]
+    print(f"{describe}: {ops} ops per run, device {device}; medians of {rounds} rounds x "
+          f"{len(samples['none']) // rounds} runs, variants in alternating fresh processes")
+    print("columns: median milliseconds per workload run, microseconds per op, and the ratio to no sanitizer; "
+          "'overhead / CSAN overhead' compares what each sanitizer adds to the run")
+    print(f"{'variant':<15} {'ms/run':>9} {'us/op':>8} {'x none':>8}")
+    for variant in variants:
+        m = medians[variant]
+        print(f"{variant:<15} {m * 1e3:>9.2f} {m / ops * 1e6:>8.2f} {m / base:>8.2f}")
+    if "csan" in medians:
+        csan = medians["csan"] - base
+        for variant in ("lifetime", "lifetime+shim"):
+            print(f"{variant} overhead / CSAN overhead = {(medians[variant] - base) / csan:.2f}")
+    else:
+        print(f"lifetime overhead per op: {(medians['lifetime'] - base) / ops * 1e6:.2f} us "
+              "(no CSAN on this device: CSAN needs CUDA)")
+    return medians

@@ -1,0 +1,200 @@
+"""One TorchDispatchMode for every enabled sanitizer.
+
+Each op is seen once: its site captured once, its accesses derived once per
+device backend (``accesses.py``), the device events it issues while it runs
+held by its frame (``hub.py``), and then the whole op is replayed into every
+enabled sanitizer of the backend in device order: the op's in-op events with
+its accesses put in place (``lifetime.op_order``), on the stream the op runs
+on (the current stream; the source device's for a cross-device copy; a
+collective's own stream).
+
+The mode is entered when the first sanitizer is enabled and left when the
+last one is disabled, if it is still the innermost mode of the thread;
+otherwise (a mode entered after it is still active) it stays, dormant, and is
+reused by the next sanitizer.  Enabling and disabling sanitizers in any order
+therefore never pops another mode off the stack.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Optional
+
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter
+from . import accesses, collectives, sites
+from .hub import OpFrame, pop_frame, push_frame
+
+_lock = threading.Lock()
+_active: tuple = ()  # enabled sanitizers (replaced, never mutated)
+_by_type: dict = {}  # device type -> enabled sanitizers tracking it
+_backends: tuple = ()  # their distinct backends
+_depth = 8  # user frames per site: the most any enabled sanitizer asked for
+_mode: Optional["_Mode"] = None
+
+_KINDS = {
+    "on_event_record": lambda args: (RECORD, args[1]),
+    "on_event_wait": lambda args: (WAIT, args[1]),
+    "on_event_sync": lambda args: (HOST_SYNC, None),
+    "on_stream_sync": lambda args: (HOST_SYNC, None),
+    "on_device_sync": lambda args: (HOST_SYNC, None),
+}
+
+
+def active() -> tuple:
+    return _active
+
+
+def watching(device_type: str) -> tuple:
+    return _by_type.get(device_type, ())
+
+
+def activate(sanitizer) -> None:
+    global _mode
+    with _lock:
+        if sanitizer not in _active:
+            _set_active((*_active, sanitizer))
+        if _mode is None or _mode not in _get_current_dispatch_mode_stack():
+            _mode = _Mode()
+            _mode.__enter__()
+
+
+def deactivate(sanitizer) -> None:
+    global _mode
+    with _lock:
+        _set_active(tuple(s for s in _active if s is not sanitizer))
+        stack = _get_current_dispatch_mode_stack()
+        if not _active and _mode is not None and stack and stack[-1] is _mode:
+            _mode.__exit__(None, None, None)
+            _mode = None
+
+
+def _set_active(sanitizers: tuple) -> None:
+    global _active, _by_type, _backends, _depth
+    by_type: dict = {}
+    for s in sanitizers:
+        by_type.setdefault(s.backend.device_type, ())
+        by_type[s.backend.device_type] += (s,)
+    _backends = tuple(dict.fromkeys(s.backend for s in sanitizers))
+    _depth = max((s.stack_depth for s in sanitizers), default=8)
+    _by_type = by_type
+    _active = sanitizers
+
+
+def _lifetime_ops() -> tuple:
+    import torch
+
+    from .. import recording  # noqa: F401  (defines npu_lifetime::record_use)
+
+    return (torch.ops.aten.record_stream.default, torch.ops.npu_lifetime.record_use.default)
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self._lifetime = _lifetime_ops()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        sanitizers = _active
+        if not sanitizers:
+            return func(*args, **kwargs)
+        if func is self._lifetime[0] or func is self._lifetime[1]:
+            for s in sanitizers:
+                s.lifetime_op(func, args, kwargs)
+            return func(*args, **kwargs)
+        plan = accesses.plan(func)
+        if not plan.touches_data:
+            return func(*args, **kwargs)
+        frame = OpFrame(sites.capture(_depth, skip=1))
+        outer = push_frame(frame)
+        try:
+            outputs = func(*args, **kwargs)
+            for backend in _backends:
+                backend.inside_op(func, args)
+        except BaseException:
+            pop_frame(outer)
+            _replay_held(frame)  # what the op did issue still happened
+            raise
+        pop_frame(outer)
+        error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers)
+        if error is not None:
+            raise error
+        return outputs
+
+
+def _replay_held(frame: OpFrame) -> None:
+    for hub, name, args in frame.held:
+        hub.deliver(name, args)
+
+
+def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple):
+    """Replays the op into each sanitizer; returns the first error one of
+    them wants raised (a data race under ``on_race="raise"``)."""
+    error = None
+    op_name = func._schema.name
+    for backend in _backends:
+        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan)
+        events = [(name, a) for hub, name, a in frame.held if hub is backend.hub] if frame.held else ()
+        if not found and not events:
+            continue
+        if events or plan.collective:
+            feed = _in_device_order(backend, func, plan, args, kwargs, outputs, found, events)
+        else:  # the common case: the op's accesses on the current stream
+            current = backend.current_stream(_op_device(backend, found))
+            feed = (("accesses", (current, found, current)),)
+        for s in sanitizers:
+            if s.backend is backend:
+                try:
+                    error = s.apply_op(feed, frame.site, op_name) or error
+                except Exception as raised:  # a warning turned into an error: the others still see the op
+                    error = error or raised
+    return error
+
+
+def _op_device(backend, found: list) -> int:
+    """A copy between two devices runs on the source device's stream."""
+    if not found:
+        return backend.current_device()
+    if len(found) == 1:
+        return found[0].device_index
+    devices = {a.device_index for a in found}
+    if len(devices) > 1:
+        source = next((a for a in found if not a.is_write), found[0])
+        return source.device_index
+    return found[0].device_index
+
+
+def _in_device_order(backend, func, plan, args, kwargs, outputs, found: list, events) -> list:
+    """The op's in-op events with ``("accesses", stream, found, fresh_stream)``
+    put where the device runs them."""
+    device = _op_device(backend, found)
+    current = backend.current_stream(device)
+    kinds = [_KINDS.get(name, lambda a: (OTHER, None))(a) for name, a in events]
+    stream = current
+    if plan.collective:
+        waiter = first_waiter(kinds)
+        if waiter is not None:
+            stream = waiter  # the backend's own stream, launched after the current one
+        elif collectives.launched_from_python_api(sys._getframe(1)):
+            own = backend.collective_stream(collectives.group_number(func, args, kwargs), device)
+            if own is not None:
+                return [*events, *_on_own_stream(backend, own, current, found, outputs)]
+    point = access_point(kinds, stream)
+    return [*events[:point], ("accesses", (stream, found, current)), *events[point:]]
+
+
+def _on_own_stream(backend, own: tuple, current: tuple, found: list, outputs) -> list:
+    """A collective on its process group's own stream: ordered after the
+    current stream at the launch, ended by an event its Work waits for."""
+    event = collectives.WORKS.new_event()
+    work = collectives.work_of(outputs)
+    if work is not None:
+        collectives.WORKS.track(work, event, backend.hub.event)
+    return [
+        ("on_wait_stream", (own, current)),
+        ("accesses", (own, found, current)),
+        ("on_event_created", (event,)),
+        ("on_event_record", (event, own)),
+    ]

@@ -1,0 +1,82 @@
+"""One sink per enabled sanitizer: the sanitizers listening to a device
+backend, and the delivery of its device events to every one of them.
+
+A device event (stream, event, synchronisation) goes to each enabled
+sanitizer of the backend, in the order the program issued it.  Events issued
+*inside* an op (a host sync inside ``.item()``, a collective's launch wait,
+a cross-device copy's barrier and completion events) are held by the op's
+frame (``dispatch.py``) until the op's accesses are known, then replayed with
+the accesses put in place (``lifetime.op_order``).  Allocations and frees are
+never held: the shim needs its answer at once, and they come in order anyway.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+# device events whose order relative to an op's accesses matters
+HELD = frozenset({
+    "on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
+    "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync",
+    "on_wait_stream", "on_current_stream_waits",
+})
+
+_tls = threading.local()
+
+
+class OpFrame:
+    """The op being dispatched on this thread: its site, and the device
+    events it issued, held until its accesses are known."""
+
+    __slots__ = ("site", "held")
+
+    def __init__(self, site) -> None:
+        self.site = site
+        self.held: list = []  # (hub, name, args)
+
+
+def current_frame() -> Optional[OpFrame]:
+    return getattr(_tls, "frame", None)
+
+
+def push_frame(frame: OpFrame) -> Optional[OpFrame]:
+    outer = getattr(_tls, "frame", None)
+    _tls.frame = frame
+    return outer
+
+
+def pop_frame(outer: Optional[OpFrame]) -> None:
+    _tls.frame = outer
+
+
+class Hub:
+    """The enabled sanitizers of one backend."""
+
+    def __init__(self) -> None:
+        self.sinks: tuple = ()  # replaced, never mutated: read without the lock
+        self._lock = threading.Lock()
+
+    def add(self, sink) -> None:
+        with self._lock:
+            if sink not in self.sinks:
+                self.sinks = (*self.sinks, sink)
+
+    def remove(self, sink) -> None:
+        with self._lock:
+            self.sinks = tuple(s for s in self.sinks if s is not sink)
+
+    def event(self, name: str, *args) -> None:
+        """A device event: to every sink now, or held by the op in progress."""
+        sinks = self.sinks
+        if not sinks:
+            return
+        frame = getattr(_tls, "frame", None)
+        if frame is not None and name in HELD:
+            frame.held.append((self, name, args))
+            return
+        for sink in sinks:
+            getattr(sink, name)(*args)
+
+    def deliver(self, name: str, args: tuple) -> None:
+        for sink in self.sinks:
+            getattr(sink, name)(*args)

@@ -1,0 +1,397 @@
+"""``LifetimeSanitizer``: one lifetime model fed from a running program.
+
+It is a sink: the dispatch mode (``dispatch.py``) replays each op into it,
+the device backend's hub (``hub.py``) delivers stream, event and
+synchronisation events, the storage table (``storages.py``) names storages,
+the shim link (``shim_link.py``) brings the shim's allocations and frees,
+and ``watchers.py`` brings record_use / record_stream / erase_stream calls
+made outside the dispatcher.  The model decides every finding; the
+reporting policy (``reporting.py``) groups, raises or warns, and classifies
+them.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from typing import Optional
+
+import torch
+
+from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree
+from . import dispatch, report, sites
+from .backends import Backend, backend_for
+from .hub import current_frame
+from .reporting import ON_RACE, Findings, GroupInfo, live_info
+from .shim_link import ShimLink
+from .storages import StorageTable
+
+
+class LifetimeWarning(UserWarning):
+    pass
+
+
+class DataRaceError(RuntimeError):
+    """Raised at an access that races (with ``on_race="raise"``): a data
+    race, or a reuse race (a new owner's access racing with a use its
+    memory's previous owner left outstanding)."""
+
+    def __init__(self, races: list, text: str) -> None:
+        super().__init__(text)
+        self.races = races
+
+
+class LifetimeSanitizer:
+    """Tracks every access per stream and reports data races and reuse
+    races (at the access) and uncovered frees (at the free); all are
+    retained, grouped by site, until ``flush``.
+
+    ``on_race``: ``raise`` (``DataRaceError``, like CSAN), ``warn``
+    (``LifetimeWarning``) or ``collect``, for each new race.  ``warn_on_free``
+    warns at each new uncovered free.  ``strict``: every contract violation
+    fails a check (``failing``), latent uncovered frees included.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        on_race: str = "raise",
+        warn_on_free: bool = True,
+        stack_depth: int = 8,
+        strict: bool = False,
+    ) -> None:
+        if on_race not in ON_RACE:
+            raise ValueError(f"on_race must be one of {ON_RACE}, not {on_race!r}")
+        self.backend: Backend = backend_for(device)
+        self.backend.check_available()
+        self.on_race = on_race
+        self.warn_on_free = warn_on_free
+        self.stack_depth = stack_depth
+        self.strict = strict
+        self.enabled = False
+        self.model = LifetimeModel(retain=False, remember_frees=0)
+        self.storages = StorageTable(self.model, self.backend, self._free)
+        self._findings = Findings(self.describe)
+        self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
+        self._lock = threading.RLock()
+        self._known_events: set = set()
+        self._shim = ShimLink(self)
+
+    # -- enabling ---------------------------------------------------------------
+    def enable(self) -> "LifetimeSanitizer":
+        if self.enabled:
+            return self
+        self.backend.connect()
+        self.storages.take_snapshot()
+        self._shim.connect()
+        self.backend.hub.add(self)
+        dispatch.activate(self)
+        self.enabled = True
+        return self
+
+    def disable(self) -> None:
+        if not self.enabled:
+            return
+        dispatch.deactivate(self)
+        self.backend.hub.remove(self)
+        self._shim.disconnect()
+        self.enabled = False
+
+    def __enter__(self) -> "LifetimeSanitizer":
+        return self.enable()
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+    # -- results -------------------------------------------------------------------
+    @property
+    def findings(self) -> list:
+        """Findings retained so far, one per group (not cleared)."""
+        with self._lock:
+            return self._findings.retained()
+
+    def flush(self) -> list:
+        """The retained findings (cleared), then, for storages still alive,
+        the cross-stream uses a free right now would leave uncovered."""
+        with self._lock:
+            retained, infos = self._findings.drain()
+            live = Findings(self.describe)
+            live.add(self.model.uncovered_live())
+            live_found, live_infos = live.drain()
+        self._flushed = {**infos, **live_infos}
+        return retained + live_found
+
+    def flush_by_stream(self) -> dict:
+        """``flush()`` grouped by usage stream (the access stream of a race)."""
+        grouped: dict = {}
+        for f in self.flush():
+            stream = getattr(f, "usage_stream", None) or getattr(getattr(f, "access", None), "stream", None)
+            grouped.setdefault(self.describe(stream) if stream is not None else "host", []).append(f)
+        return grouped
+
+    def info(self, finding) -> GroupInfo:
+        """How many times the finding's group occurred, and whether it is
+        actual or latent (and why)."""
+        with self._lock:
+            found = self._findings.info(finding)
+        if found is None:
+            found = self._flushed.get(id(finding))
+        if found is None:
+            found = live_info(finding) if getattr(finding, "live", False) else GroupInfo(1, False, ())
+        return found
+
+    def count(self, finding) -> int:
+        return self.info(finding).count
+
+    def failing(self, findings: list) -> list:
+        """Those of ``findings`` that fail the check (all with ``strict``)."""
+        return [f for f in findings if self.info(f).fails(f, self.strict)]
+
+    def summary(self, findings: list, reports: int = 5) -> dict:
+        """A JSON-ready summary of ``findings``: counts by kind (occurrences
+        included), those that fail the check, the reasons the latent ones
+        are latent, and the first ``reports`` reports."""
+        from collections import Counter
+
+        kinds, failing, reasons = Counter(), Counter(), Counter()
+        for f in findings:
+            info = self.info(f)
+            kinds[f.kind] += info.count
+            if info.fails(f, self.strict):
+                failing[f.kind] += info.count
+            elif isinstance(f, UncoveredFree):
+                for reason, n in info.reasons or (("still alive", 1),):
+                    reasons[reason] += n
+        return {
+            "findings": dict(kinds), "failing": dict(failing), "latent_reasons": dict(reasons),
+            "reports": [self.report([f]) for f in self.failing(findings)[:reports]]
+            + [self.report([f]) for f in findings if f not in self.failing(findings)][: max(0, reports - len(failing))],
+        }
+
+    def describe(self, stream_key) -> str:
+        return self.backend.describe(stream_key)
+
+    def report(self, findings: Optional[list] = None) -> str:
+        return report.format_findings(self.findings if findings is None else findings,
+                                      self.describe, self.info, self.strict)
+
+    def to_json(self, findings: Optional[list] = None) -> list:
+        return report.to_json(self.findings if findings is None else findings,
+                              self.describe, self.info, self.strict)
+
+    # -- ops, from the dispatch mode ----------------------------------------------------
+    def apply_op(self, feed: list, site, op_name: str) -> Optional[Exception]:
+        """Replays one op (its in-op events and accesses, in device order);
+        returns the error to raise for a new race under ``on_race="raise"``."""
+        races: list = []
+        with self._lock:
+            for name, args in feed:
+                if name == "accesses":
+                    races += self._accesses(*args, op_name, site)
+                else:
+                    getattr(self, name)(*args)
+            new = self._findings.add(races) if races else ()
+        return self._announce_races(new) if new else None
+
+    def _accesses(self, stream: tuple, found: list, fresh_stream: tuple, op_name: str, site) -> list:
+        model, storages = self.model, self.storages
+        if not model.has_stream(stream):
+            self._stream(stream)
+        live = storages.live
+        races: list = []
+        for a in found:
+            sid = live.get(a.storage)
+            if sid is None:
+                if a.fresh and self.backend.allocations_by_first_sight:
+                    sid = storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
+                else:
+                    sid = storages.adopt(a.storage, a.nbytes, a.device_index, a.tensor)
+            elif storages.sizeless:
+                storages.sized(sid, a.nbytes)
+            if a.accessed:
+                r = model.access(sid, stream, a.is_write, op_name, site, tuple(a.names))
+                if r:
+                    races += r
+        return races
+
+    def lifetime_op(self, func, args: tuple, kwargs: dict) -> None:
+        """``aten::record_stream`` and ``npu_lifetime::record_use`` seen by the
+        dispatch mode (no accesses)."""
+        tensor = args[0]
+        if not isinstance(tensor, torch.Tensor) or not self.backend.tracks(tensor):
+            return
+        if func is torch.ops.aten.record_stream.default:
+            stream = args[1] if len(args) > 1 else kwargs["s"]
+            self._storage_call(tensor, self.backend.stream_key(stream), self.model.record_stream)
+        else:
+            from ..recording import stream_from_op_args
+
+            stream = stream_from_op_args(*args[1:])
+            self._storage_call(tensor, self.backend.stream_key(stream), self.model.record_use)
+
+    # -- lifetime calls seen outside the dispatcher (watchers.notify) ---------------------
+    def record_use(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        self._storage_call(tensor, stream_key, self.model.record_use)
+
+    def record_stream(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        self._storage_call(tensor, stream_key, self.model.record_stream)
+
+    def erase_stream(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        self._storage_call(tensor, stream_key, self.model.erase_stream)
+
+    def track_allocation(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        """A storage allocated on ``stream_key`` by an allocator the backend
+        does not see (the simulated device's hand-off harness)."""
+        site = sites.capture(self.stack_depth, skip=2)
+        storage = tensor.untyped_storage()
+        with self._lock:
+            self.storages.allocate(storage.data_ptr(), storage.nbytes(), self._stream(stream_key), site, tensor)
+
+    def _storage_call(self, tensor, stream_key, call) -> None:
+        if not self.backend.tracks(tensor):
+            return
+        storage = tensor.untyped_storage()
+        site = sites.capture(self.stack_depth, skip=3)
+        with self._lock:
+            stream = self._stream(stream_key)
+            sid = self.storages.get(storage.data_ptr())
+            if sid is None:
+                sid = self.storages.adopt(storage.data_ptr(), storage.nbytes(), tensor.device.index or 0, tensor)
+            found = call(sid, stream, site=site)
+            if found:
+                self._findings.add(found)
+
+    # -- device events (from the hub) -------------------------------------------------------
+    def _stream(self, key: tuple) -> tuple:
+        if not self.model.has_stream(key):
+            self.model.create_stream(key, device=key[0])
+        return key
+
+    def on_stream_created(self, key) -> None:
+        with self._lock:
+            self._stream(key)
+
+    def on_event_created(self, event) -> None:
+        with self._lock:
+            self._known_events.add(event)
+            self.model.create_event(event)
+
+    def on_event_deleted(self, event) -> None:
+        with self._lock:
+            self._known_events.discard(event)
+            self.model.delete_event(event)
+
+    def on_event_record(self, event, key) -> None:
+        with self._lock:
+            self._known_events.add(event)
+            self.model.create_event(event)
+            self.model.record_event(event, self._stream(key))
+
+    def on_event_wait(self, event, key) -> None:
+        with self._lock:
+            if event in self._known_events:  # else created and recorded before we were enabled
+                self._keep(self.model.wait_event(self._stream(key), event, site=self._wait_site(event)))
+
+    def on_event_sync(self, event) -> None:
+        with self._lock:
+            if event in self._known_events:
+                self._keep(self.model.synchronize_event(event, site=self._wait_site(event)))
+
+    def on_current_stream_waits(self, event) -> None:
+        """The current stream waits for ``event`` (``Work.block_current_stream``)."""
+        self.on_event_wait(event, self.backend.current_stream(self.backend.current_device()))
+
+    def _wait_site(self, event):
+        """A site only matters for the finding about an unrecorded event."""
+        return None if self.model.event_recorded(event) else self._site()
+
+    def on_stream_sync(self, key) -> None:
+        with self._lock:
+            self.model.synchronize_stream(self._stream(key))
+
+    def on_device_sync(self, device) -> None:
+        with self._lock:
+            self.model.synchronize_device(device)
+
+    def on_wait_stream(self, waiter, waitee) -> None:
+        with self._lock:
+            self.model.wait_stream(self._stream(waiter), self._stream(waitee))
+
+    def on_trace_alloc(self, address, device) -> None:
+        if self._shim.connected:
+            return  # the shim reports allocations itself
+        key = self.backend.current_stream(device)
+        with self._lock:
+            self.storages.allocate(address, 0, self._stream(key), self._site())
+
+    def on_trace_free(self, address) -> None:
+        if not self._shim.connected:
+            self._free(address)
+
+    def on_shim_alloc(self, address: int, size: int, key: tuple) -> None:
+        with self._lock:
+            self.storages.allocate(address, size, self._stream(key), self._site())
+
+    def allocator_holds(self, free: UncoveredFree) -> None:
+        with self._lock:
+            self.model.allocator_holds(free)
+
+    def on_record_stream_ptr(self, address, key) -> None:
+        with self._lock:
+            sid = self.storages.get(address)
+            if sid is not None:
+                self._keep(self.model.record_stream(sid, self._stream(key)))
+
+    def on_erase_stream_ptr(self, address, key) -> None:
+        with self._lock:
+            sid = self.storages.get(address)
+            if sid is not None:
+                self._keep(self.model.erase_stream(sid, self._stream(key)))
+
+    def _free(self, address) -> list:
+        """A storage's memory was freed; returns the model's findings (the
+        shim defers reuse for the uncovered ones)."""
+        frame = current_frame()
+        site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
+        with self._lock:
+            found = self.storages.free(address, site)
+            new = self._findings.add(found) if found else ()
+        if new and self.warn_on_free:
+            self._warn_frees(new)
+        return found
+
+    def _site(self):
+        """The current op's site when inside one, else a fresh capture."""
+        frame = current_frame()
+        return frame.site if frame is not None else sites.capture(self.stack_depth, skip=3)
+
+    def _capture(self):
+        return sites.capture(self.stack_depth, skip=2)
+
+    # -- announcing ---------------------------------------------------------------------
+    def _keep(self, found: list) -> None:
+        if found:
+            self._findings.add(found)
+
+    def _announce_races(self, new: list) -> Optional[Exception]:
+        races = [f for f in new if isinstance(f, (DataRace, ReuseRace))]
+        if not races or self.on_race == "collect":
+            return None
+        text = report.format_findings(races, self.describe, self.info)
+        if self.on_race == "raise":
+            print(text, file=sys.stderr)
+            return DataRaceError(races, text)
+        warnings.warn(text, LifetimeWarning, stacklevel=5)
+        return None
+
+    def _warn_frees(self, new) -> None:
+        """Frees happen in destructors and allocator hooks, where an exception
+        (a warning turned into an error) cannot reach the program: the finding
+        is retained either way, and reported by ``flush``."""
+        frees = [f for f in new if isinstance(f, UncoveredFree)]
+        if not frees:
+            return
+        try:
+            warnings.warn(report.format_findings(frees, self.describe, self.info), LifetimeWarning, stacklevel=2)
+        except Warning:
+            pass
