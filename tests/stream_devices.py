@@ -29,6 +29,10 @@ class SimDevice:
     REUSE_SIZES = (1024, 512)  # the second owner takes half of the first's memory: a split block
 
     @staticmethod
+    def let_go():
+        """Nothing holds memory past its last reference here."""
+
+    @staticmethod
     def reused_empty(n):
         """A tensor over the same memory every time, allocated on the current
         stream (a toy allocator that always reuses: the CPU allocator's reuse
@@ -60,6 +64,18 @@ class CudaDevice:
     @staticmethod
     def reused_empty(n):
         return torch.empty(n, device="cuda")
+
+    @staticmethod
+    def let_go():
+        """record_use's native fallback holds a storage until its event fired,
+        and lets it go at its next call: give the event time to fire (the
+        device is idle), then let go, telling the sanitizer nothing."""
+        import time
+
+        from npu_lifetime.recording import FALLBACK
+
+        time.sleep(0.05)
+        FALLBACK.reclaim()
 
 
 DEVICES = [

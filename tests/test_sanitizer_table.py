@@ -25,6 +25,7 @@ def run(dev, body):
         body(x, side)
         del x
         gc.collect()
+        dev.let_go()
     found = san.flush()
     race = any(isinstance(f, DataRace) for f in found)
     covered = not any(isinstance(f, UncoveredFree) and not f.live for f in found)

@@ -58,7 +58,7 @@ def test_a_write_after_the_free_is_reported_with_the_last_owner(debug_shim):
     debug_shim.empty_cache()  # leaves the quarantine: checked
     [f] = [f for f in debug_shim.findings() if f["kind"] == "write_after_free"]
     assert f["address"] == x and f["alloc_stream"] == S1 and f["streams"] == [S2]
-    assert "8 byte(s) written after the free, the first at offset 100" in f["detail"]
+    assert "8 byte(s) seen written after the free (whole block checked), the first at offset 100" in f["detail"]
     assert debug_shim.stats()["poison_violations"] == 1
 
 
@@ -78,3 +78,14 @@ def test_turning_debug_off_releases_the_quarantine(debug_shim):
     debug_shim.set_debug(False)
     assert debug_shim.stats()["quarantined.all.current"] == 0
     assert debug_shim.alloc(4 * KB, 0, S1) == x
+
+
+def test_a_large_block_is_checked_at_samples_that_catch_a_kernel_sized_write(debug_shim):
+    debug_shim.set_debug(True, 4 << 20)
+    x = debug_shim.alloc(1 << 20, 0, S1)
+    debug_shim.free(x, 1 << 20, 0, S1)
+    debug_shim.sim.complete(S1)
+    ctypes.memset(x + 300_000, 0, 64 << 10)  # a late kernel writes 64 KiB of it
+    debug_shim.empty_cache()
+    [f] = [f for f in debug_shim.findings() if f["kind"] == "write_after_free"]
+    assert "(sampled)" in f["detail"]

@@ -3,6 +3,7 @@
 // checked, so a write into freed memory is reported with the last owner.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "caching_allocator.h"
@@ -10,8 +11,23 @@
 namespace npl {
 
 namespace {
-constexpr size_t kCheckChunk = 1 << 20;
+// A block up to kFullCheck is checked whole; a larger one at kSamples
+// evenly spaced chunks of kSample bytes, the first and last included (a
+// kernel writing into freed memory writes far more than a chunk).
+constexpr size_t kFullCheck = 64 << 10;
+constexpr size_t kSample = 4 << 10;
+constexpr size_t kSamples = 16;
+
+std::vector<std::pair<size_t, size_t>> check_ranges(size_t size) {
+    if (size <= kFullCheck) return {{0, size}};
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (size_t i = 0; i < kSamples; ++i) {
+        size_t off = (size - kSample) / (kSamples - 1) * i;
+        ranges.emplace_back(off, kSample);
+    }
+    return ranges;
 }
+}  // namespace
 
 void CachingAllocator::set_debug(bool enabled, size_t quarantine_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -66,10 +82,10 @@ void CachingAllocator::check_poison(Block* b) {
         return;
     }
     dstats(b->device).count(CounterId::poison_checks);
-    std::vector<unsigned char> host(std::min(b->size, kCheckChunk));
+    std::vector<unsigned char> host(std::min(b->size, kFullCheck));
     size_t first_dirty = SIZE_MAX, dirty = 0;
-    for (size_t off = 0; off < b->size; off += host.size()) {
-        size_t n = std::min(host.size(), b->size - off);
+    for (const auto& range : check_ranges(b->size)) {
+        size_t off = range.first, n = range.second;
         if (rt_->copy_to_host(host.data(), b->ptr + off, n, b->device, &code) != Status::ok) {
             runtime_error("copy_to_host(poison check)", code, b, b->stream);
             return;
@@ -84,7 +100,9 @@ void CachingAllocator::check_poison(Block* b) {
     dstats(b->device).count(CounterId::poison_violations);
     Finding f = about(b, "write_after_free", "quarantine_check");
     for (Stream s : b->last_streams) f.streams.push_back(s);
-    f.detail = std::to_string(dirty) + " byte(s) written after the free, the first at offset " +
+    f.detail = std::to_string(dirty) + " byte(s) seen written after the free (" +
+               (b->size <= kFullCheck ? std::string("whole block checked") : std::string("sampled")) +
+               "), the first at offset " +
                std::to_string(first_dirty) + ": a kernel of the last owner (generation " +
                std::to_string(b->generation) + ") still wrote into it; its streams are `alloc_stream` and `streams`. "
                "A record_stream/record_use for the writing stream is missing";

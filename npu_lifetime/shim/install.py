@@ -6,6 +6,7 @@ torch bridge for out-of-memory errors, and torch's memory functions routed
 to the shim's statistics (``torch_api.py``)."""
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -161,8 +162,12 @@ def _device_memory_module(device: str):
 
 
 def _bridge():
-    """The torch bridge's path, or None (with a warning) when it can't be built."""
+    """The torch bridge's path, or None (with a warning) when it can't be
+    built; ``NPU_LIFETIME_BRIDGE=0`` leaves it out on purpose."""
     from . import bridge
+
+    if os.environ.get("NPU_LIFETIME_BRIDGE", "1") == "0":
+        return None
 
     try:
         path = bridge.build()
@@ -187,7 +192,10 @@ def _pluggable_allocator(device: str, memory, bridge, setters: dict):
         allocator = allocator_class(str(library_path()), "npl_alloc", "npl_free")
     raw = allocator.allocator()
     wired = []
+    only = os.environ.get("NPU_LIFETIME_HOOKS")  # diagnostics: "none", or setters separated by commas
     for setter, entry in setters.items():
+        if only is not None and setter not in only.split(","):
+            continue
         if hasattr(raw, setter):
             getattr(raw, setter)(symbol_address(entry))
             wired.append(setter)

@@ -46,6 +46,7 @@ def warm_up_kernels():
     torch.cuda._sleep(1)
     (x * 2).fill_(7.0)
     bool((x == 2).all())
+    x.sum()  # the reduction the sanitizer programs use on their side streams
     npu_lifetime.record_use(x, torch.cuda.current_stream())  # first calls pay for imports
     torch.cuda.synchronize()
 
