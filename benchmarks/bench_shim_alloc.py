@@ -66,6 +66,11 @@ def record_stream_cost(iters: int, repeats: int) -> list:
 def child(allocator: str, iters: int, repeats: int) -> None:
     import torch
 
+    # one core for every child: per-process timings of torch.empty on the
+    # device machine were bimodal (2.1 or 4.1 us) with the scheduler free to move them
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 2:
+        os.sched_setaffinity(0, {2})
+
     if allocator != "native":
         import npu_lifetime
 
@@ -100,6 +105,7 @@ def child(allocator: str, iters: int, repeats: int) -> None:
 def child_table(rounds: int, iters: int, repeats: int) -> dict:
     keys = [*SIZES, "record_stream"]
     samples = {(a, k): [] for a in VARIANTS for k in keys}
+    per_process: dict = {a: [] for a in VARIANTS}
     for r in range(rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]  # rotate who goes first
         for allocator in order:
@@ -111,7 +117,12 @@ def child_table(rounds: int, iters: int, repeats: int) -> dict:
                 raise SystemExit(f"the {allocator} child failed:\n{done.stderr[-3000:]}")
             for key, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 samples[(allocator, key if key == "record_stream" else int(key))] += values
+                if key == str(SIZES[0]):
+                    per_process[allocator].append(statistics.median(values))
         print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    spread = {a: (min(per_process[a]), max(per_process[a])) for a in VARIANTS}
+    print("  per-process medians of the 4 KiB case (us), lowest..highest: "
+          + "; ".join(f"{a} {lo:.2f}..{hi:.2f}" for a, (lo, hi) in spread.items()), file=sys.stderr)
     return {key: {a: statistics.median(samples[(a, key)]) for a in VARIANTS} for key in keys}
 
 

@@ -249,7 +249,7 @@ class Handoffs:
     def migrated(self) -> bool:
         return self.mode != RECIPE
 
-    # -- hand-offs ------------------------------------------------------------------------------------
+    # -- hand-offs (these run on FSDP2's hot path: only what the hand-off needs) -------------------------
     def _hand_off(self, kind: str, tensor: torch.Tensor, stream=None) -> None:
         if tensor.device.type == "cpu":
             return  # host memory: no stream to outlive
@@ -272,21 +272,24 @@ class Handoffs:
         return foreach_all_gather_copy_out
 
     def _reduce(self, original: Callable) -> Callable:
-        signature = inspect.signature(original)
         ar_index = self.profile.all_reduce_input_index
+        argument = _argument_getter(original)  # positions looked up once: this runs on every reduce-scatter
+        instrumented = self.instrument.before_last_read is not None or self.instrument.after_drop is not None
 
         def foreach_reduce(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            rs_stream, ar_stream = bound.arguments["reduce_scatter_stream"], bound.arguments["all_reduce_stream"]
-            device = bound.arguments["device"]
+            rs_stream, ar_stream = argument("reduce_scatter_stream", args, kwargs), argument("all_reduce_stream", args,
+                                                                                             kwargs)
+            device = argument("device", args, kwargs)
             if self.instrument.before_last_read is not None and device.type != "cpu":
                 with _device_module(device).stream(rs_stream):
                     self.instrument.before_last_read("reduce_scatter_input", rs_stream)
-            self._tls.rs_producer = _device_module(device).current_stream() if device.type != "cpu" else None
+            if instrumented:
+                self._tls.rs_producer = _device_module(device).current_stream() if device.type != "cpu" else None
             result = original(*args, **kwargs)
             rs_input, ar_input = result[0], result[ar_index]
             self.counts["reduce_scatter_input"] += 1
-            self._tls.rs_dropped = (rs_input.untyped_storage().nbytes(), rs_input.data_ptr(), rs_input.device)
+            if instrumented:
+                self._tls.rs_dropped = (rs_input.untyped_storage().nbytes(), rs_input.data_ptr(), rs_input.device)
             if self.migrated and self.mode != BROKEN_NO_RECORD_USE:
                 self._hand_off("reduce_scatter_input", rs_input, rs_stream)
             if ar_input is not None:
@@ -422,6 +425,19 @@ def _device_module(device):
         import torch_npu  # noqa: F401
 
     return getattr(torch, device_type)
+
+
+def _argument_getter(function: Callable) -> Callable:
+    """``get(name, args, kwargs)``: an argument of a call to ``function`` by
+    name, with its position found once (``inspect.signature.bind`` on
+    every call costs microseconds)."""
+    positions = {name: i for i, name in enumerate(inspect.signature(function).parameters)}
+
+    def get(name: str, args: tuple, kwargs: dict):
+        i = positions[name]
+        return args[i] if i < len(args) else kwargs[name]
+
+    return get
 
 
 @contextlib.contextmanager
