@@ -61,6 +61,7 @@ void CachingAllocator::stats(int device, uint64_t* out) const {
     std::lock_guard<std::mutex> lock(mu_);
     DeviceStats s;
     if (device >= 0 && static_cast<size_t>(device) < stats_.size()) s = stats_[device];
+    s.derive_active();
     s.counters[static_cast<int>(CounterId::findings)] = findings_.total();
     s.counters[static_cast<int>(CounterId::findings_dropped)] = findings_.dropped();
     s.counters[static_cast<int>(CounterId::trace_dropped)] = trace_.dropped();

@@ -326,8 +326,7 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
     s.add(StatId::allocation, b->small, 1);
     s.add(StatId::allocated_bytes, b->small, n);
     s.add(StatId::requested_bytes, b->small, static_cast<int64_t>(requested));
-    s.add(StatId::active, b->small, 1);
-    s.add(StatId::active_bytes, b->small, n);
+    s.note_active_peak(b->small);
     trace(TraceKind::alloc, b, nullptr);
 }
 
@@ -653,8 +652,6 @@ void CachingAllocator::settle(Block* b) {
         s.add(StatId::pending, b->small, -1);
         s.add(StatId::pending_bytes, b->small, -n);
     }
-    s.add(StatId::active, b->small, -1);
-    s.add(StatId::active_bytes, b->small, -n);
     release(b);
 }
 

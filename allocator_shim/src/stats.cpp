@@ -1,5 +1,7 @@
 #include "stats.h"
 
+#include <utility>
+
 #include "json.h"
 
 namespace npl {
@@ -25,7 +27,25 @@ const Entry kEntries[] = {
 
 }  // namespace
 
+void DeviceStats::derive_active() {
+    const std::pair<StatId, std::pair<StatId, StatId>> derived[] = {
+        {StatId::active, {StatId::allocation, StatId::pending}},
+        {StatId::active_bytes, {StatId::allocated_bytes, StatId::pending_bytes}}};
+    for (const auto& d : derived) {
+        for (int pool = 0; pool < kPoolKinds; ++pool) {
+            const Stat& live = stats[static_cast<int>(d.second.first)][pool];
+            const Stat& pending = stats[static_cast<int>(d.second.second)][pool];
+            Stat& a = stats[static_cast<int>(d.first)][pool];
+            a.current = live.current + pending.current;
+            a.allocated = live.allocated;                  // every allocation makes a block active
+            a.freed = live.freed - pending.current;        // freed and no longer waiting
+            if (a.current > a.peak) a.peak = a.current;
+        }
+    }
+}
+
 void DeviceStats::reset_peaks() {
+    derive_active();
     for (auto& row : stats) {
         for (Stat& s : row) s.reset_peak();
     }

@@ -85,7 +85,10 @@ struct Stat {
     void reset_accumulated() { allocated = freed = 0; }
 };
 
-// One device's statistics.
+// One device's statistics.  "active" (live + pending) is not counted
+// separately on the hot path: its current, allocated and freed values are
+// derived from "allocation" and "pending" when read, and only its peak is
+// kept, raised at each allocation (the only moment it can grow).
 struct DeviceStats {
     Stat stats[kStatCount][kPoolKinds];
     uint64_t counters[kCounterCount] = {};
@@ -95,11 +98,27 @@ struct DeviceStats {
         s[kAllPools].add(delta);
         s[small ? kSmallPool : kLargePool].add(delta);
     }
+    // After an allocation: the active peaks of its pool kind and of all.
+    void note_active_peak(bool small) {
+        for (int pool : {static_cast<int>(kAllPools), small ? static_cast<int>(kSmallPool) : static_cast<int>(kLargePool)}) {
+            raise_peak(StatId::active, StatId::allocation, StatId::pending, pool);
+            raise_peak(StatId::active_bytes, StatId::allocated_bytes, StatId::pending_bytes, pool);
+        }
+    }
+    // Fills the derived "active" stats from "allocation" and "pending".
+    void derive_active();
     const Stat& get(StatId id, PoolKind pool = kAllPools) const { return stats[static_cast<int>(id)][pool]; }
     void count(CounterId id, uint64_t n = 1) { counters[static_cast<int>(id)] += n; }
     uint64_t counter(CounterId id) const { return counters[static_cast<int>(id)]; }
     void reset_peaks();
     void reset_accumulated();
+
+   private:
+    void raise_peak(StatId active, StatId live, StatId pending, int pool) {
+        Stat& a = stats[static_cast<int>(active)][pool];
+        int64_t now = stats[static_cast<int>(live)][pool].current + stats[static_cast<int>(pending)][pool].current;
+        if (now > a.peak) a.peak = now;
+    }
 };
 
 // The exported names, in the order npl_stats_values writes them.
