@@ -131,7 +131,7 @@ def reset_peak(device) -> None:
     if POLICY is not None:
         from npu_lifetime import shim
 
-        shim.reset_peak()
+        shim.reset_peak(device.index)  # the shim's statistics are per device: this rank's
     else:
         torch.cuda.reset_peak_memory_stats()
 
@@ -142,7 +142,7 @@ def peaks(device) -> dict:
     if POLICY is not None:
         from npu_lifetime import shim
 
-        s = shim.stats()
+        s = shim.stats(device.index)
         return {"peak_active_bytes": s["active_bytes.all.peak"], "peak_reserved_bytes": s["reserved_bytes.all.peak"]}
     return {"peak_active_bytes": torch.cuda.max_memory_allocated(),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
