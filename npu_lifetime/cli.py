@@ -51,9 +51,10 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .sanitizer.runner import EXIT_USAGE, CheckError, check_script, write_json
+    from .sanitizer.runner import EXIT_USAGE, CheckError, check_json_path, check_script, write_json
 
     try:
+        check_json_path(args.json)
         result = check_script(
             args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
             live=not args.no_live, on_race=args.on_race, strict=args.strict,
@@ -63,6 +64,8 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(result.report)
     write_json(result, args.json)
+    if result.script_failed:
+        print(f"npu-lifetime check: the script {result.ending}", file=sys.stderr)
     return result.exit_code
 
 
@@ -319,7 +322,7 @@ def _summary(path) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .shim.api import POLICIES
+    from .shim.api import DEFAULT_POLICY, POLICIES
 
     parser = argparse.ArgumentParser(
         prog="npu-lifetime",
@@ -352,7 +355,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")
-    p.add_argument("--policy", default="poll", choices=["poll", "stream_wait"])
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES),
+                   help=f"the shim's reuse policy with --shim (default {DEFAULT_POLICY})")
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--no-live", action="store_true", help="leave out storages still alive at the end")
     p.add_argument("--on-race", default="collect", choices=["collect", "warn", "raise"])

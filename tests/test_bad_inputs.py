@@ -562,7 +562,32 @@ CLI_ROWS = [
         r"^no GPU\n(.|\n)*the benchmark exited: no GPU"),
 ]
 
-ROWS = SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + CLI_ROWS
+CHECK_ROWS = [
+    Row("check missing script", cli("check", "--device", "sim", "SCRATCH/missing.py"), 2,
+        r"no such script: .*missing\.py"),
+    Row("check a directory", cli("check", "--device", "sim", "adir"), 2, r"adir is a directory"),
+    Row("check --device cuda without CUDA", cli("check", "--device", "cuda", "ok.py"), 2,
+        r"asked for 'cuda', but this machine has no CUDA device", when=NO_CUDA),
+    Row("check --device npu without torch_npu", cli("check", "--device", "npu", "ok.py"), 2,
+        r"asked for 'npu', but torch_npu is not installed", when=NO_TORCH_NPU),
+    Row("check --shim on the simulated device", cli("check", "--device", "sim", "--shim", "ok.py"), 2,
+        r"--shim installs the allocator shim for cuda or npu; the device here is 'sim'"),
+    Row("check --json in a missing folder", cli("check", "--device", "sim", "--json", "SCRATCH/nowhere/f.json",
+                                                 "ok.py"), 2, r"--json .*nowhere/f\.json: cannot write there"),
+    Row("check unknown policy", cli("check", "--policy", "eventually", "ok.py"), 2,
+        r"argument --policy: invalid choice: 'eventually'"),
+    Row("check script raises", cli("check", "--device", "sim", "raises.py"), 3,
+        r"ValueError: boom(.|\n)*the script raised ValueError: boom", ran=True),
+    Row("check script exits 3", cli("check", "--device", "sim", "exit3.py"), 3,
+        r"the script exited with status 3", ran=True),
+    Row("check script exits with a message", cli("check", "--device", "sim", "exitmsg.py"), 3,
+        r"the script says why(.|\n)*the script exited: the script says why", ran=True),
+    Row("fuzz no schedules", cli("fuzz", "-n", "0"), 2, r"--schedules must be at least 1"),
+    Row("fuzz no jobs", cli("fuzz", "-n", "5", "-j", "0"), 2, r"--jobs must be at least 1"),
+]
+
+ROWS = (SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + CLI_ROWS
+        + CHECK_ROWS)
 
 
 # -- the state a failed call must leave alone -----------------------------------------------------------------

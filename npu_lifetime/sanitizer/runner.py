@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import gc
 import json
-import runpy
-import sys
-import traceback
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,6 +40,7 @@ class CheckResult:
     report: str
     json: list
     script_failed: bool
+    ending: str = ""  # how the script ended when it failed ("raised ...", "exited with status 3")
 
     @property
     def exit_code(self) -> int:
@@ -64,45 +62,50 @@ def check_script(
     """Runs ``script`` under a sanitizer.  Exit code 1 when findings fail
     the check (races, reuse races, actual uncovered frees, invalid frees...;
     with ``strict`` also latent uncovered frees and live uncovered uses)."""
-    import os
-
+    from .. import user_script
     from . import DeviceUnavailable, LifetimeSanitizer
 
-    if not os.path.isfile(script):
-        raise CheckError(f"no such script: {script!r}")
+    try:
+        user_script.check_path(script)
+    except user_script.ScriptPathError as err:
+        raise CheckError(str(err)) from None
     device = resolve_device(device)
+    if shim and device not in ("cuda", "npu"):
+        raise CheckError(f"--shim installs the allocator shim for cuda or npu; the device here is {device!r} "
+                         "(the simulated device's CPU tensors are not the shim's)")
     try:
         sanitizer = LifetimeSanitizer(device, on_race=on_race, warn_on_free=False, strict=strict)
     except DeviceUnavailable as err:
         raise CheckError(str(err)) from None
     if shim:
-        from ..shim.install import install
+        from ..shim.install import InstallError, install
 
-        install(device, policy)
-    saved_argv = sys.argv
-    sys.argv = [script, *args]
-    failed = False
-    namespace: dict = {}
+        try:
+            install(device, policy)
+        except (InstallError, ValueError) as err:
+            raise CheckError(str(err)) from None
     sanitizer.enable()
     try:
-        # the script's globals stay alive until the flush: what they hold is
-        # reported as live, not as freed at exit
-        namespace = runpy.run_path(script, run_name="__main__")
-    except SystemExit as exit_:
-        failed = exit_.code not in (None, 0)
-    except BaseException:  # the script's own error: report it, still report findings
-        traceback.print_exc()
-        failed = True
+        ending = user_script.run(script, args)
     finally:
-        gc.collect()
+        gc.collect()  # what the script still holds is reported as live, not as freed at exit
         findings = sanitizer.flush()
         sanitizer.disable()
-        sys.argv = saved_argv
-    namespace.clear()
     if not live:
         findings = [f for f in findings if not getattr(f, "live", False)]
     return CheckResult(findings, sanitizer.failing(findings), sanitizer.report(findings),
-                       sanitizer.to_json(findings), failed)
+                       sanitizer.to_json(findings), ending.failed, ending.how)
+
+
+def check_json_path(path: Optional[str]) -> None:
+    """Refuses a --json path that cannot be written, before anything runs."""
+    import os
+
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise CheckError(f"--json {path}: cannot write there (no such folder, not writable, or a folder)")
 
 
 def write_json(result: CheckResult, path: Optional[str]) -> None:
