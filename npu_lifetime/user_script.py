@@ -10,6 +10,7 @@ import runpy
 import sys
 import traceback
 from dataclasses import dataclass
+from typing import Optional
 
 
 class ScriptPathError(ValueError):
@@ -36,13 +37,18 @@ class Ending:
     how: str = ""
 
 
-def run(path: str, args: list) -> Ending:
-    """Runs ``path`` with ``args``; its exceptions and exits never escape."""
+def run(path: str, args: list, keep: Optional[list] = None) -> Ending:
+    """Runs ``path`` with ``args``; its exceptions and exits never escape.
+    ``keep``: a list that receives the script's globals when it finishes, so
+    what they hold stays alive until the caller is done (``check`` reports it
+    as live, not as freed at exit)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
-        runpy.run_path(path, run_name="__main__")
+        namespace = runpy.run_path(path, run_name="__main__")
+        if keep is not None:
+            keep.append(namespace)
         return Ending(False)
     except SystemExit as exit_:
         return _exit_ending(exit_.code)

@@ -85,12 +85,14 @@ def check_script(
         except (InstallError, ValueError) as err:
             raise CheckError(str(err)) from None
     sanitizer.enable()
+    kept: list = []  # the script's globals, alive until the flush: what they hold is live, not freed at exit
     try:
-        ending = user_script.run(script, args)
+        ending = user_script.run(script, args, keep=kept)
     finally:
-        gc.collect()  # what the script still holds is reported as live, not as freed at exit
+        gc.collect()
         findings = sanitizer.flush()
         sanitizer.disable()
+        kept.clear()
     if not live:
         findings = [f for f in findings if not getattr(f, "live", False)]
     return CheckResult(findings, sanitizer.failing(findings), sanitizer.report(findings),
