@@ -135,7 +135,8 @@ def c_pairs(runtime: str, size: int) -> dict | None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "bench_pairs"
-        subprocess.run([cxx, "-std=c++17", "-O2", str(ROOT / "allocator_shim/bench/bench_pairs.cpp"), "-o", str(exe), "-ldl"],
+        subprocess.run([cxx, "-std=c++17", "-O2", str(ROOT / "allocator_shim/bench/bench_pairs.cpp"), "-o", str(exe),
+                        "-ldl"],
                        check=True)
         done = subprocess.run([str(exe), str(library_path()), runtime, str(size), "1000000", "9"],
                               capture_output=True, text=True)
@@ -163,7 +164,8 @@ def main() -> None:
 
     if not args.skip_torch and torch.cuda.is_available():
         table = child_table(args.rounds, args.iters, args.repeats)
-        print(f"torch.empty + del, cached (medians, us per op), {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print(f"torch.empty + del, cached (medians, us per op), {torch.cuda.get_device_name()}, "
+              f"torch {torch.__version__}")
         print("  columns: native caching allocator, the shim, the shim in debug mode; ratios to native")
         print(f"{'bytes':>10} {'native':>9} {'shim':>9} {'debug':>9} {'shim/nat':>9} {'debug/nat':>10}")
         for size in SIZES:

@@ -31,7 +31,8 @@ def ptr(t):
 def test_reads_and_fresh_outputs():
     a, b = torch.ones(4), torch.ones(4)
     out = a + b
-    assert accesses(aten.add.Tensor, (a, b), outputs=out) == sorted([(ptr(a), False), (ptr(b), False), (ptr(out), True)])
+    expected = sorted([(ptr(a), False), (ptr(b), False), (ptr(out), True)])
+    assert accesses(aten.add.Tensor, (a, b), outputs=out) == expected
 
 
 def test_in_place_and_out_arguments_are_writes():
@@ -51,7 +52,8 @@ def test_views_touch_no_data_and_aliases_are_not_recounted():
 def test_tensor_lists_and_multiple_outputs():
     a, b = torch.ones(2), torch.ones(3)
     out = torch.cat([a, b])
-    assert accesses(aten.cat.default, ([a, b],), outputs=out) == sorted([(ptr(a), False), (ptr(b), False), (ptr(out), True)])
+    expected = sorted([(ptr(a), False), (ptr(b), False), (ptr(out), True)])
+    assert accesses(aten.cat.default, ([a, b],), outputs=out) == expected
     values, indices = torch.sort(b)
     found = accesses(aten.sort.default, (b,), outputs=(values, indices))
     assert (ptr(values), True) in found and (ptr(indices), True) in found

@@ -14,7 +14,8 @@ def test_sizes_are_rounded_and_small_blocks_share_a_segment(sim_shim):
     a, b = sim_shim.alloc(1, 0, S1), sim_shim.alloc(513, 0, S1)
     assert b - a == 512
     st = sim_shim.stats()
-    assert (st["segment.all.current"], st["allocated_bytes.all.current"], st["requested_bytes.all.current"]) == (1, 512 + 1024, 514)
+    assert (st["segment.all.current"], st["allocated_bytes.all.current"], st["requested_bytes.all.current"]) == (
+        1, 512 + 1024, 514)
 
 
 def test_large_blocks_are_carved_from_large_segments(sim_shim):

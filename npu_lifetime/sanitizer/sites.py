@@ -80,7 +80,8 @@ class Site:
 
     def format(self, limit: int = 6) -> str:
         return "\n".join(
-            f'    File "{filename}", line {line}, in {name}' for filename, line, name in reversed(self.user_frames()[:limit])
+            f'    File "{filename}", line {line}, in {name}'
+            for filename, line, name in reversed(self.user_frames()[:limit])
         )
 
     def to_json(self) -> list:

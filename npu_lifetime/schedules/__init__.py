@@ -33,5 +33,6 @@ __all__ = [
     "Adopt", "Alloc", "Comparison", "DeleteEvent", "Op", "EraseStream", "Execution", "Free", "QueryEvent", "Read",
     "RecordEvent", "RecordStream", "RecordUse", "Schedule", "ScheduleError", "SyncDevice",
     "SyncEvent", "SyncStream", "View", "WaitEvent", "WaitStream", "Write", "compare",
-    "delay_stream", "execute", "executor_violation", "oracle_disagreement", "feed", "finding_key", "random_order", "run_model", "run_oracle",
+    "delay_stream", "execute", "executor_violation", "oracle_disagreement", "feed", "finding_key", "random_order",
+    "run_model", "run_oracle",
 ]

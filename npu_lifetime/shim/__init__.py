@@ -43,7 +43,8 @@ from .native import ShimNotBuilt, library_path
 
 __all__ = [
     "DEFAULT_POLICY", "POLICIES", "ShimError", "ShimNotBuilt", "alloc", "base_allocation",
-    "begin_allocate_to_pool", "claim_next", "debug", "device_count", "empty_cache", "end_allocate_to_pool", "erase_stream", "findings",
+    "begin_allocate_to_pool", "claim_next", "debug", "device_count", "empty_cache", "end_allocate_to_pool",
+    "erase_stream", "findings",
     "free", "last_oom_message", "library_path", "memory_fraction", "note_use", "policy",
     "pool_live_allocations", "process_events", "record_stream", "record_use", "release_pool", "reset",
     "reset_accumulated", "reset_peak", "runtime_name", "select_runtime", "set_debug",

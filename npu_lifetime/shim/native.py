@@ -12,7 +12,8 @@ _NATIVE_DIR = Path(__file__).resolve().parent.parent / "_native"
 ALLOC_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 FREE_HOOK = ALLOC_HOOK
 
-_P, _I, _S, _U64, _STR, _Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_ssize_t, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t
+_P, _I, _S, _U64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_ssize_t, ctypes.c_uint64
+_STR, _Z = ctypes.c_char_p, ctypes.c_size_t
 _U64P = ctypes.POINTER(ctypes.c_uint64)
 _PROTOTYPES = {
     "npl_alloc": (_P, [_S, _I, _P]),
@@ -103,7 +104,8 @@ def library() -> ctypes.CDLL:
         raise ShimNotBuilt(f"cannot load the allocator shim {path}: {err}; rebuild it with `pip install -e .`") from err
     missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
     if missing:
-        raise ShimNotBuilt(f"{path} is an older build (missing {', '.join(missing[:3])}...); rebuild it with `pip install -e .`")
+        raise ShimNotBuilt(f"{path} is an older build (missing {', '.join(missing[:3])}...); "
+                           "rebuild it with `pip install -e .`")
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

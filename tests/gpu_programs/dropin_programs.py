@@ -53,7 +53,8 @@ def hooks():
     z = torch.empty(1000, device="cuda")
     base, size = shim.base_allocation(z.data_ptr() + 512)
     return {"wired": list(setup.hooks), "from_python": from_python, "side": side.cuda_stream,
-            "from_cpp": from_cpp, "reserved_before": reserved, "reserved_after_empty_cache": torch.cuda.memory_reserved(),
+            "from_cpp": from_cpp, "reserved_before": reserved,
+            "reserved_after_empty_cache": torch.cuda.memory_reserved(),
             "fraction": shim.memory_fraction(0), "base_ok": base <= z.data_ptr() < base + size,
             "findings": shim.findings()}
 
@@ -115,7 +116,7 @@ def graph_memory_is_not_clobbered(policy):
     pool = g.pool()
     eager = [torch.full((n,), float("nan"), device="cuda") for n in (1 << 16, 1 << 15, 3 << 16, 1 << 20)]
     results = []
-    for trial in range(3):
+    for _ in range(3):
         static_in.copy_(torch.randn(1 << 16, device="cuda"))
         g.replay()
         ref = (static_in * 2 + 1).sin()
@@ -144,7 +145,8 @@ def graphed_callables(policy):
         ref_inp = inp.detach().clone().requires_grad_(True)
         ref = reference(ref_inp)
         ref.sum().backward()
-        same.append(bool(torch.allclose(out, ref, atol=1e-5)) and bool(torch.allclose(inp.grad, ref_inp.grad, atol=1e-5)))
+        same.append(bool(torch.allclose(out, ref, atol=1e-5))
+                    and bool(torch.allclose(inp.grad, ref_inp.grad, atol=1e-5)))
     return {"same": same, "findings": shim.findings()}
 
 
@@ -229,7 +231,8 @@ def memory_tools():
     return {"allocated": allocated, "peak": peak, "reserved": reserved, "after_reset": after_reset,
             "keys_present": all(k in stats for k in ("allocated_bytes.all.current", "active_bytes.all.peak",
                                                       "reserved_bytes.all.current", "num_alloc_retries", "num_ooms")),
-            "summary_lines": len(summary.splitlines()), "ours_agree": memory.memory_reserved() == torch.cuda.memory_reserved(),
+            "summary_lines": len(summary.splitlines()),
+            "ours_agree": memory.memory_reserved() == torch.cuda.memory_reserved(),
             "fraction": torch.cuda.get_per_process_memory_fraction()}
 
 

@@ -59,7 +59,8 @@ def debug(width="512", layers="6", runs="3", delay="20000000"):
                         sanitize=False)
         times[mode] += r.step_seconds
     shim.set_debug(False)
-    cost = {"step_ms_debug": statistics.median(times[True]) * 1e3, "step_ms_plain": statistics.median(times[False]) * 1e3}
+    cost = {"step_ms_debug": statistics.median(times[True]) * 1e3,
+            "step_ms_plain": statistics.median(times[False]) * 1e3}
     return {"rows": out, "cost": {k: round(v, 3) for k, v in cost.items() if not math.isnan(v)}}
 
 

@@ -112,7 +112,8 @@ def out_of_memory(policy):
     stats = torch.cuda.memory_stats()
     return {"error": error, "again_ok": float(again.sum()) == float(1 << 20), "ptr": p,
             "findings": [f["kind"] for f in shim.findings()], "num_ooms": stats["num_ooms"],
-            "tensor_still_fine": float(ok.fill_(1).sum()) == 1024.0, "bridge": npu_lifetime.shim.install.installed().bridge}
+            "tensor_still_fine": float(ok.fill_(1).sum()) == 1024.0,
+            "bridge": npu_lifetime.shim.install.installed().bridge}
 
 
 PROGRAMS = {f.__name__: f for f in (basic, handoff, record_stream_reaches_shim, late_install, out_of_memory)}
