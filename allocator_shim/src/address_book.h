@@ -55,12 +55,6 @@ class AddressBook {
         a.freed_stream = b->stream;
         if (map_.size() > kMaxEntries) forget_freed();
     }
-    template <typename F>
-    void for_each_live(F f) const {
-        for (const auto& entry : map_) {
-            if (entry.second.live != nullptr) f(entry.second.live);
-        }
-    }
     void clear() { map_.clear(); }
 
    private:

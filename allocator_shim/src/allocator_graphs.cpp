@@ -51,11 +51,8 @@ std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id
 
 void* CachingAllocator::base_allocation(void* ptr, size_t* size) const {
     std::lock_guard<std::mutex> lock(mu_);
-    char* p = static_cast<char*>(ptr);
-    auto it = segments_.upper_bound(p);
-    if (it == segments_.begin()) return ptr;
-    const Segment* seg = std::prev(it)->second;
-    if (p >= seg->base + seg->size) return ptr;
+    const Segment* seg = segment_containing(static_cast<char*>(ptr));
+    if (seg == nullptr) return ptr;
     if (size != nullptr) *size = seg->size;
     return seg->base;
 }

@@ -148,11 +148,6 @@ bool CachingAllocator::ensure_runtime() {
     return true;
 }
 
-bool CachingAllocator::events_frozen(int device) const {
-    (void)device;  // a capture on any device may be in global capture mode
-    return graph_pools_.any_capture_underway();
-}
-
 bool CachingAllocator::capturing(Stream stream) {
     bool yes = false;
     int code = 0;
@@ -235,7 +230,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
     ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
-    if (claim_ != nullptr) return claim(rounded, static_cast<size_t>(size));
+    if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size));
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};
     if (!capture) {
@@ -259,18 +254,17 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
 // The next allocation of this thread takes the cached memory at `ptr`
 // (cudagraph trees restoring a pool checkpoint re-allocate the blocks its
 // graphs' outputs occupied, through torch, so torch knows them again).
-void CachingAllocator::claim_next(void* ptr) { claim_ = static_cast<char*>(ptr); }
+void CachingAllocator::claim_next(void* ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (claim_ == nullptr) claims_++;
+    claim_ = static_cast<char*>(ptr);
+}
 
 void* CachingAllocator::claim(size_t rounded, size_t requested) {
     char* ptr = claim_;
     claim_ = nullptr;
-    Block* b = nullptr;
-    auto it = segments_.upper_bound(ptr);
-    if (it != segments_.begin()) {
-        for (Block* c = std::prev(it)->second->first; c != nullptr; c = c->next) {
-            if (ptr >= c->ptr && ptr < c->ptr + c->size) b = c;
-        }
-    }
+    claims_--;
+    Block* b = block_at(ptr);
     if (b == nullptr || b->state != BlockState::cached || !b->held.empty() || ptr + rounded > b->ptr + b->size) {
         Finding f;
         f.kind = "invalid_argument";
@@ -343,7 +337,7 @@ Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
             pool_erase(b);
             return b;
         }
-        if (frozen < 0) frozen = events_frozen(p->device) || capturing(stream) ? 1 : 0;
+        if (frozen < 0) frozen = graph_pools_.any_capture_underway() || capturing(stream) ? 1 : 0;
         if (frozen) continue;
         pool_erase(b);
         if (wait_for_held(b, stream)) return b;
@@ -666,16 +660,25 @@ void CachingAllocator::release(Block* b) {
 
 // ---- record_stream / record_use ------------------------------------------------
 
-Block* CachingAllocator::block_containing(void* ptr) const {
-    char* p = static_cast<char*>(ptr);
-    auto it = segments_.upper_bound(p);
+const Segment* CachingAllocator::segment_containing(const char* p) const {
+    auto it = segments_.upper_bound(const_cast<char*>(p));
     if (it == segments_.begin()) return nullptr;
     const Segment* seg = std::prev(it)->second;
-    if (p >= seg->base + seg->size) return nullptr;
-    for (Block* b = seg->first; b != nullptr; b = b->next) {
-        if (p >= b->ptr && p < b->ptr + b->size) return b->state == BlockState::live ? b : nullptr;
+    return p < seg->base + seg->size ? seg : nullptr;
+}
+
+// The block (in any state) whose memory holds `p`.
+Block* CachingAllocator::block_at(const char* p) const {
+    const Segment* seg = segment_containing(p);
+    for (Block* b = seg != nullptr ? seg->first : nullptr; b != nullptr; b = b->next) {
+        if (p >= b->ptr && p < b->ptr + b->size) return b;
     }
     return nullptr;
+}
+
+Block* CachingAllocator::block_containing(void* ptr) const {
+    Block* b = block_at(static_cast<char*>(ptr));
+    return b != nullptr && b->state == BlockState::live ? b : nullptr;
 }
 
 Block* CachingAllocator::live_block(void* ptr, const char* op, Stream stream) {

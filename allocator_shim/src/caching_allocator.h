@@ -92,7 +92,6 @@ class CachingAllocator {
         stats_.resize(i + 1);
         return stats_[i];
     }
-    bool events_frozen(int device) const;  // a capture is underway: no event queries or waits
     bool capturing(Stream stream);
     int device_of(Stream stream, int hint, int fallback);
 
@@ -122,7 +121,9 @@ class CachingAllocator {
     void recycle_block(Block* b);
     StreamUse& use_of(Block* b, Stream stream);
     Block* live_block(void* ptr, const char* op, Stream stream);
-    Block* block_containing(void* ptr) const;
+    const Segment* segment_containing(const char* p) const;
+    Block* block_at(const char* p) const;
+    Block* block_containing(void* ptr) const;  // a live block, else nullptr
 
     // events
     Event acquire_event(int device);
@@ -174,6 +175,7 @@ class CachingAllocator {
     std::vector<double> fractions_;  // per device; 0: no limit
     uint64_t event_seq_ = 0;
     static thread_local char* claim_;
+    int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
     int device_count_ = 0;
 };
 

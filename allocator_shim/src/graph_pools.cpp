@@ -39,18 +39,9 @@ PoolId GraphPools::pool_for(int device, Stream stream) const {
     return PoolId{};
 }
 
-bool GraphPools::capture_underway(int device) const {
-    return std::any_of(captures_.begin(), captures_.end(), [&](const Capture& c) { return c.device == device; });
-}
-
 bool GraphPools::freeable(int device, PoolId id) const {
     const Refs* r = refs(device, id);
     return r == nullptr || r->count == 0;
-}
-
-int GraphPools::references(int device, PoolId id) const {
-    const Refs* r = refs(device, id);
-    return r == nullptr ? 0 : r->count;
 }
 
 GraphPools::Refs* GraphPools::refs(int device, PoolId id) {

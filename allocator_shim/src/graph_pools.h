@@ -31,10 +31,8 @@ class GraphPools {
     // The private pool an allocation on (device, stream) goes to, if a
     // capture on `device` claims the stream; else the eager pool.
     PoolId pool_for(int device, Stream stream) const;
-    bool capture_underway(int device) const;
     bool any_capture_underway() const { return !captures_.empty(); }
     bool freeable(int device, PoolId id) const;  // no references left
-    int references(int device, PoolId id) const;
     void clear();
 
    private:

@@ -77,7 +77,7 @@ Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream,
         int c = 0;
         return try_new_segment(p, size, &s, &c);
     };
-    bool frozen = events_frozen(device) || capturing(stream);
+    bool frozen = graph_pools_.any_capture_underway() || capturing(stream);
     Block* b = nullptr;
     if (!frozen) {
         process_deferred();
