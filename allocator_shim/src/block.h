@@ -4,9 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <set>
 #include <vector>
 
+#include "block_set.h"
 #include "runtime.h"
 
 namespace npl {
@@ -52,52 +52,7 @@ struct StreamUse {
 struct Segment;
 struct Block;
 struct Pool;
-
-struct BlockBySize {
-    bool operator()(const Block* a, const Block* b) const;
-};
-
-// Node allocator for the pools' ordered sets: nodes are recycled through a
-// free list instead of malloc/free on every cache insert and erase (the
-// allocator's hot path).  Used only under the allocator's lock.
-template <typename T>
-struct RecyclingAllocator {
-    using value_type = T;
-    RecyclingAllocator() = default;
-    template <typename U>
-    RecyclingAllocator(const RecyclingAllocator<U>&) {}
-
-    T* allocate(size_t n) {
-        if (n == 1 && free_list() != nullptr) {
-            Node* node = free_list();
-            free_list() = node->next;
-            return reinterpret_cast<T*>(node);
-        }
-        return static_cast<T*>(::operator new(n * sizeof(T) < sizeof(Node) ? sizeof(Node) : n * sizeof(T)));
-    }
-    void deallocate(T* p, size_t n) {
-        if (n != 1) {
-            ::operator delete(p);
-            return;
-        }
-        Node* node = reinterpret_cast<Node*>(p);
-        node->next = free_list();
-        free_list() = node;
-    }
-    template <typename U>
-    bool operator==(const RecyclingAllocator<U>&) const { return true; }
-    template <typename U>
-    bool operator!=(const RecyclingAllocator<U>&) const { return false; }
-
-   private:
-    struct Node {
-        Node* next;
-    };
-    static Node*& free_list() {
-        static Node* head = nullptr;
-        return head;
-    }
-};
+struct DeviceStats;
 
 struct Block {
     char* ptr = nullptr;
@@ -112,6 +67,7 @@ struct Block {
     Block* prev = nullptr;  // neighbours inside the segment
     Block* next = nullptr;
     BlockState state = BlockState::cached;
+    BlockSet::Slot slot;  // its node in the pool's set, while cached
     std::vector<StreamUse> uses;
     std::vector<HeldEvent> held;
     std::vector<Stream> last_streams;  // debug mode: the other streams of the last owner
@@ -136,17 +92,14 @@ struct Segment {
     Block* first = nullptr;
 };
 
-inline bool BlockBySize::operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-}
-
 // The cached blocks of one (device, stream, size class, graph pool).
 struct Pool {
     int device = 0;
     Stream stream = nullptr;
     bool small = false;
     PoolId id;
-    std::set<Block*, BlockBySize, RecyclingAllocator<Block*>> blocks;
+    DeviceStats* stats = nullptr;  // its device's
+    BlockSet blocks;
 };
 
 struct PoolKey {

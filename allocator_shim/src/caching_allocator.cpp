@@ -105,7 +105,7 @@ size_t segment_size_for(size_t size, bool small) {
 }
 
 bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     if (!segments_.empty() && runtime != rt_) {
         *why = "the runtime can't change while the allocator holds memory";
         return false;
@@ -115,27 +115,27 @@ bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
 }
 
 const Runtime* CachingAllocator::runtime() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     return rt_;
 }
 
 bool CachingAllocator::holds_memory() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     return !segments_.empty();
 }
 
 void CachingAllocator::set_policy(Policy p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     policy_ = p;
 }
 
 Policy CachingAllocator::policy() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     return policy_;
 }
 
 void CachingAllocator::init(int device_count) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     device_count_ = device_count;
 }
 
@@ -227,7 +227,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
         }
         return nullptr;  // a zero-byte request needs no memory
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size));
@@ -242,11 +242,10 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
     Block* b = take_cached(p, rounded, stream);
     if (b != nullptr) {
-        dstats(device).count(CounterId::cache_hits);
+        p->stats->count(CounterId::cache_hits);
     } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
         return nullptr;
     }
-    split(b, rounded);
     mark_live(b, static_cast<size_t>(size));
     return b->ptr;
 }
@@ -255,7 +254,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
 // (cudagraph trees restoring a pool checkpoint re-allocate the blocks its
 // graphs' outputs occupied, through torch, so torch knows them again).
 void CachingAllocator::claim_next(void* ptr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     if (claim_ == nullptr) claims_++;
     claim_ = static_cast<char*>(ptr);
 }
@@ -302,11 +301,12 @@ Pool* CachingAllocator::pool(const PoolKey& key) {
     Pool& p = pools_[key];
     last_key_ = key;
     last_pool_ = &p;
-    if (p.blocks.empty() && p.stream == nullptr) {
+    if (p.stats == nullptr) {  // new
         p.device = key.device;
         p.stream = key.stream;
         p.small = key.small;
         p.id = key.id;
+        p.stats = &dstats(key.device);
     }
     return &p;
 }
@@ -315,7 +315,7 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
     b->state = BlockState::live;
     b->requested = requested;
     book_.on_alloc(b);
-    DeviceStats& s = dstats(b->device);
+    DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
     s.add(StatId::allocation, b->small, 1);
     s.add(StatId::allocated_bytes, b->small, n);
@@ -324,26 +324,38 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
     trace(TraceKind::alloc, b, nullptr);
 }
 
-// Best fit in the pool.  A block carrying events is taken once the
-// allocating stream waits on them, never while a capture is underway (the
-// wait would pull outside work into the graph; the query is forbidden).
+// Best fit in the pool, taken out of it with `size` bytes (the remainder
+// stays cached).  A block carrying events is taken once the allocating
+// stream waits on them, never while a capture is underway (the wait would
+// pull outside work into the graph; the query is forbidden).
 Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
-    Block probe;
-    probe.size = size;
     int frozen = -1;  // asked once, only if a block with events comes up
-    for (auto it = p->blocks.lower_bound(&probe); it != p->blocks.end();) {
-        Block* b = *it++;
-        if (b->held.empty()) {
-            pool_erase(b);
-            return b;
+    for (Block* b = p->blocks.at_least(size); b != nullptr; b = p->blocks.after(b)) {
+        if (!b->held.empty()) {
+            if (frozen < 0) frozen = graph_pools_.any_capture_underway() || capturing(stream) ? 1 : 0;
+            if (frozen) continue;
+            count_cached<-1>(b);  // its events change while it sits in the pool
+            bool waited = wait_for_held(b, stream);
+            count_cached<+1>(b);
+            if (!waited) continue;  // the wait failed (a finding says why): leave it
         }
-        if (frozen < 0) frozen = graph_pools_.any_capture_underway() || capturing(stream) ? 1 : 0;
-        if (frozen) continue;
-        pool_erase(b);
-        if (wait_for_held(b, stream)) return b;
-        pool_insert(b);  // the wait failed (a finding says why): leave it
+        take(b, size);
+        return b;
     }
     return nullptr;
+}
+
+// Takes cached `b` out of its pool for `size` bytes; a remainder worth
+// keeping takes b's place in the pool.
+void CachingAllocator::take(Block* b, size_t size) {
+    count_cached<-1>(b);
+    if (!worth_splitting(b, size)) {
+        b->pool->blocks.erase(b);
+        return;
+    }
+    Block* rest = split_off(b, size);
+    b->pool->blocks.replace(b, rest);
+    count_cached<+1>(rest);
 }
 
 // Makes `stream` wait on each of b's events still pending (all of them
@@ -366,6 +378,7 @@ bool CachingAllocator::wait_for_held(Block* b, Stream stream) {
     return true;
 }
 
+// A new segment's block of `size` bytes (the rest of the segment cached).
 Block* CachingAllocator::new_segment(Pool* p, size_t size, Stream stream) {
     Status s = Status::ok;
     int code = 0;
@@ -394,11 +407,17 @@ Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, i
     st.add(StatId::reserved_bytes, p->small, static_cast<int64_t>(bytes));
     st.count(CounterId::num_device_alloc);
     trace(TraceKind::segment_alloc, b, nullptr);
+    split(b, size);
     return b;
 }
 
+// Cuts `b` (out of any pool) to `size` bytes, caching the rest if worth it.
 void CachingAllocator::split(Block* b, size_t size) {
-    if (!worth_splitting(b, size)) return;
+    if (worth_splitting(b, size)) pool_insert(split_off(b, size));
+}
+
+// The block after the first `size` bytes of `b`, linked in its segment (not cached yet).
+Block* CachingAllocator::split_off(Block* b, size_t size) {
     Block* rest = new_block();
     rest->ptr = b->ptr + size;
     rest->size = b->size - size;
@@ -413,7 +432,7 @@ void CachingAllocator::split(Block* b, size_t size) {
     b->next = rest;
     b->size = size;
     rest->state = BlockState::cached;
-    pool_insert(rest);
+    return rest;
 }
 
 Block* CachingAllocator::new_block() {
@@ -438,42 +457,48 @@ void CachingAllocator::recycle_block(Block* b) {
     spare_blocks_.push_back(b);
 }
 
-// pool_insert/pool_erase keep the statistics of cached blocks; a cached
-// block's events or neighbours change only between an erase and an insert.
 void CachingAllocator::pool_insert(Block* b) {
     b->pool->blocks.insert(b);
-    DeviceStats& s = dstats(b->device);
-    auto n = static_cast<int64_t>(b->size);
-    if (b->split()) {
-        s.add(StatId::inactive_split, b->small, 1);
-        s.add(StatId::inactive_split_bytes, b->small, n);
-    }
-    if (!b->held.empty()) {
-        s.add(StatId::waiting, b->small, 1);
-        s.add(StatId::waiting_bytes, b->small, n);
-    }
+    count_cached<+1>(b);
 }
 
 void CachingAllocator::pool_erase(Block* b) {
     b->pool->blocks.erase(b);
-    DeviceStats& s = dstats(b->device);
-    auto n = static_cast<int64_t>(b->size);
-    if (b->split()) {
-        s.add(StatId::inactive_split, b->small, -1);
-        s.add(StatId::inactive_split_bytes, b->small, -n);
+    count_cached<-1>(b);
+}
+
+// The statistics of cached blocks (Sign +1 as `b` enters its pool, -1 as
+// it leaves); a cached block's events or neighbours change only between
+// the two.
+template <int Sign>
+void CachingAllocator::count_cached(const Block* b) {
+    bool split = b->split(), waiting = !b->held.empty();
+    if (!split && !waiting) return;
+    DeviceStats& s = *b->pool->stats;
+    int64_t n = Sign * static_cast<int64_t>(b->size);
+    if (split) {
+        s.add(StatId::inactive_split, b->small, Sign);
+        s.add(StatId::inactive_split_bytes, b->small, n);
     }
-    if (!b->held.empty()) {
-        s.add(StatId::waiting, b->small, -1);
-        s.add(StatId::waiting_bytes, b->small, -n);
+    if (waiting) {
+        s.add(StatId::waiting, b->small, Sign);
+        s.add(StatId::waiting_bytes, b->small, n);
     }
 }
 
-// Caches a block, merging it with cached neighbours of its segment.
+// Caches a block, merging it with cached neighbours of its segment; the
+// merged block takes the first neighbour's place in the pool.
 void CachingAllocator::cache_block(Block* b) {
     b->state = BlockState::cached;
+    Block* seat = nullptr;
     for (Block* n : {b->prev, b->next}) {
         if (n == nullptr || n->state != BlockState::cached) continue;
-        pool_erase(n);
+        count_cached<-1>(n);
+        if (seat == nullptr) {
+            seat = n;
+        } else {
+            b->pool->blocks.erase(n);
+        }
         if (n == b->prev) {
             b->ptr = n->ptr;
             b->prev = n->prev;
@@ -486,9 +511,15 @@ void CachingAllocator::cache_block(Block* b) {
         b->size += n->size;
         for (const HeldEvent& h : n->held) hold(b, h);
         n->held.clear();
-        recycle_block(n);
+        if (n != seat) recycle_block(n);
     }
-    pool_insert(b);
+    if (seat != nullptr) {
+        b->pool->blocks.replace(seat, b);
+        recycle_block(seat);
+        count_cached<+1>(b);
+    } else {
+        pool_insert(b);
+    }
     if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
     // a released graph pool gives its segments back as they become free
     if (b->prev == nullptr && b->next == nullptr && b->held.empty()) release_free_segments(b->device, false);
@@ -498,7 +529,7 @@ void CachingAllocator::cache_block(Block* b) {
 
 void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) {
     if (ptr == nullptr) return;  // the zero-byte allocation
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     Address* a = book_.find(ptr);
     Block* b = a != nullptr ? a->live : nullptr;
     if (b == nullptr) {
@@ -508,7 +539,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     bool matches = size == static_cast<ssize_t>(b->requested) && stream == b->stream && device == b->device;
     if (!matches && stale_free(ptr, size, device, stream, b)) return;
     book_.on_free(a, b);
-    DeviceStats& s = dstats(b->device);
+    DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
     s.add(StatId::allocation, b->small, -1);
     s.add(StatId::allocated_bytes, b->small, -n);
@@ -629,7 +660,7 @@ bool CachingAllocator::ready_for_pool(const Block* b) const {
 }
 
 void CachingAllocator::settle(Block* b) {
-    DeviceStats& s = dstats(b->device);
+    DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
     bool was_pending = b->state == BlockState::pending || b->state == BlockState::deferred;
     if (!ready_for_pool(b)) {
@@ -705,7 +736,7 @@ StreamUse& CachingAllocator::use_of(Block* b, Stream stream) {
 }
 
 int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     ensure_runtime();
     Block* b = live_block(ptr, "record_stream", stream);
     if (b == nullptr) return -1;
@@ -717,7 +748,7 @@ int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device)
 }
 
 int CachingAllocator::erase_stream(void* ptr, Stream stream) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     ensure_runtime();
     Block* b = live_block(ptr, "erase_stream", stream);
     if (b == nullptr) return -1;
@@ -729,7 +760,7 @@ int CachingAllocator::erase_stream(void* ptr, Stream stream) {
 }
 
 int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bool noted) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<FutexMutex> lock(mu_);
     ensure_runtime();
     Block* b = live_block(ptr, noted ? "note_use" : "record_use", stream);
     if (b == nullptr) return -1;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 #include "address_book.h"
 #include "block.h"
 #include "findings.h"
+#include "futex_mutex.h"
 #include "graph_pools.h"
 #include "quarantine.h"
 #include "runtime.h"
@@ -98,12 +100,14 @@ class CachingAllocator {
     // allocation
     Pool* pool(const PoolKey& key);
     Block* take_cached(Pool* pool, size_t size, Stream stream);
+    void take(Block* b, size_t size);
     bool wait_for_held(Block* b, Stream stream);
     Block* new_segment(Pool* pool, size_t size, Stream stream);
     Block* try_new_segment(Pool* pool, size_t size, Status* status, int* code);
     Block* out_of_memory_path(Pool* pool, size_t size, Stream stream, Status first, int code);
     Status device_malloc(void** ptr, size_t bytes, int device, int* code);
     void split(Block* b, size_t size);
+    Block* split_off(Block* b, size_t size);
     void mark_live(Block* b, size_t requested);
     void* claim(size_t rounded, size_t requested);
 
@@ -117,6 +121,8 @@ class CachingAllocator {
     void cache_block(Block* b);
     void pool_insert(Block* b);
     void pool_erase(Block* b);
+    template <int Sign>
+    void count_cached(const Block* b);
     Block* new_block();
     void recycle_block(Block* b);
     StreamUse& use_of(Block* b, Stream stream);
@@ -155,7 +161,7 @@ class CachingAllocator {
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
-    mutable std::mutex mu_;
+    mutable FutexMutex mu_;
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::lazy_wait;
     std::unordered_map<PoolKey, Pool, PoolKeyHash> pools_;  // nodes are stable: blocks point into it
@@ -171,7 +177,7 @@ class CachingAllocator {
     GraphPools graph_pools_;
     Quarantine quarantine_;
     TraceRing trace_;
-    std::vector<DeviceStats> stats_;
+    std::deque<DeviceStats> stats_;  // a deque: pools keep pointers into it
     std::vector<double> fractions_;  // per device; 0: no limit
     uint64_t event_seq_ = 0;
     static thread_local char* claim_;
