@@ -8,17 +8,17 @@ namespace npl {
 thread_local char* CachingAllocator::claim_ = nullptr;
 
 void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     graph_pools_.begin(device, id, std::move(filter));
 }
 
 void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!graph_pools_.end(device, id)) unknown_pool("end_allocate_to_pool", device, id);
 }
 
 void CachingAllocator::release_pool(int device, PoolId id) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!graph_pools_.known(device, id)) {
         unknown_pool("release_pool", device, id);
         return;
@@ -37,7 +37,7 @@ void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {
 }
 
 std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id) const {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     std::vector<void*> live;
     for (const auto& entry : segments_) {
         const Segment* seg = entry.second;
@@ -50,7 +50,7 @@ std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id
 }
 
 void* CachingAllocator::base_allocation(void* ptr, size_t* size) const {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     const Segment* seg = segment_containing(static_cast<char*>(ptr));
     if (seg == nullptr) return ptr;
     if (size != nullptr) *size = seg->size;

@@ -58,7 +58,7 @@ void block_json(Json& j, const Block* b) {
 }  // namespace
 
 void CachingAllocator::stats(int device, uint64_t* out) const {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     DeviceStats s;
     if (device >= 0 && static_cast<size_t>(device) < stats_.size()) s = stats_[device];
     s.derive_active();
@@ -69,17 +69,17 @@ void CachingAllocator::stats(int device, uint64_t* out) const {
 }
 
 void CachingAllocator::reset_peak(int device) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     dstats(device).reset_peaks();
 }
 
 void CachingAllocator::reset_accumulated(int device) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     dstats(device).reset_accumulated();
 }
 
 std::string CachingAllocator::snapshot_json() const {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Json j;
     j.open_object().key("runtime").value(rt_ ? rt_->name : "none");
     j.key("policy").value(policy_name(policy_)).key("debug").value(quarantine_.enabled());
@@ -99,17 +99,17 @@ std::string CachingAllocator::snapshot_json() const {
 }
 
 void CachingAllocator::configure_trace(bool enabled, size_t capacity) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     trace_.configure(enabled, capacity);
 }
 
 std::string CachingAllocator::drain_trace_json() {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return trace_.drain_json();
 }
 
 void CachingAllocator::reset() {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto& entry : segments_) {
         Segment* seg = entry.second;
         for (Block* b = seg->first; b != nullptr;) {

@@ -17,7 +17,6 @@
 #include "address_book.h"
 #include "block.h"
 #include "findings.h"
-#include "futex_mutex.h"
 #include "graph_pools.h"
 #include "quarantine.h"
 #include "runtime.h"
@@ -161,7 +160,7 @@ class CachingAllocator {
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
-    mutable FutexMutex mu_;
+    mutable std::mutex mu_;
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::lazy_wait;
     std::unordered_map<PoolKey, Pool, PoolKeyHash> pools_;  // nodes are stable: blocks point into it

@@ -35,7 +35,7 @@ Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int
 }
 
 bool CachingAllocator::set_memory_fraction(double fraction, int device) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!(fraction >= 0.0 && fraction <= 1.0) || device < 0) {
         Finding f;
         f.kind = "invalid_argument";
@@ -51,7 +51,7 @@ bool CachingAllocator::set_memory_fraction(double fraction, int device) {
 }
 
 double CachingAllocator::memory_fraction(int device) const {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return device >= 0 && static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
 }
 
@@ -167,7 +167,7 @@ void CachingAllocator::release_free_segments(int device, bool any_device) {
 }
 
 void CachingAllocator::empty_cache() {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (rt_ == nullptr) return;
     if (!graph_pools_.any_capture_underway()) {
         process_deferred();

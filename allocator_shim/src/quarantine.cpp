@@ -30,13 +30,13 @@ std::vector<std::pair<size_t, size_t>> check_ranges(size_t size) {
 }  // namespace
 
 void CachingAllocator::set_debug(bool enabled, size_t quarantine_bytes) {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!enabled && rt_ != nullptr) trim_quarantine(true);
     quarantine_.configure(enabled, quarantine_bytes);
 }
 
 bool CachingAllocator::debug() const {
-    std::lock_guard<FutexMutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return quarantine_.enabled();
 }
 
