@@ -190,7 +190,10 @@ def record_stream_oom(policy):
     """torch's test_caching_allocator_record_stream_oom under the shim: 40 M
     floats allocated, used on a busy side stream, record_streamed and freed,
     100 times, with memory capped: the shim must wait for the pending
-    blocks' events instead of failing."""
+    blocks' events instead of failing.  Each use is queued behind a ~1 ms
+    sleep on the side stream, so the host fills the cap long before the
+    events fire (without it an H100 sometimes kept up and the out-of-memory
+    path never ran)."""
     npu_lifetime.install("cuda", policy=policy)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -205,6 +208,7 @@ def record_stream_oom(policy):
             failures += 1
             continue
         with torch.cuda.stream(stream):
+            torch.cuda._sleep(2_000_000)
             y += x
         x.record_stream(stream)
         del x
