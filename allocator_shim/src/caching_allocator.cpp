@@ -10,7 +10,10 @@
 // one (device, stream, size class, graph pool): blocks never move between
 // streams, so a block handed out again on its stream is ordered after
 // everything that stream did before, and never between the eager pool and
-// a graph's private pool.
+// a graph's private pool.  A pool's cached blocks sit in a BlockSet ordered
+// by (size, address); a cached block's size and address change only while
+// it is out of the set, or as the newcomer in BlockSet::replace (the order
+// never sees a key change under it).
 //
 // Block states (block.h) and transitions:
 //   cached -> live            allocation (best fit in its pool; the rest of
