@@ -82,7 +82,6 @@ class BlockSet {
     // The smallest block of at least `size` bytes, and the one after `b`.
     Block* at_least(size_t size) const;
     Block* after(const Block* b) const;
-    bool empty() const { return tree_.empty(); }
     size_t size() const { return tree_.size(); }
 
    private:

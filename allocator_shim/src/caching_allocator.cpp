@@ -351,11 +351,11 @@ Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
 // Takes cached `b` out of its pool for `size` bytes; a remainder worth
 // keeping takes b's place in the pool.
 void CachingAllocator::take(Block* b, size_t size) {
-    count_cached<-1>(b);
     if (!worth_splitting(b, size)) {
-        b->pool->blocks.erase(b);
+        pool_erase(b);
         return;
     }
+    count_cached<-1>(b);  // before the split changes its size and neighbours
     Block* rest = split_off(b, size);
     b->pool->blocks.replace(b, rest);
     count_cached<+1>(rest);
@@ -496,11 +496,11 @@ void CachingAllocator::cache_block(Block* b) {
     Block* seat = nullptr;
     for (Block* n : {b->prev, b->next}) {
         if (n == nullptr || n->state != BlockState::cached) continue;
-        count_cached<-1>(n);
         if (seat == nullptr) {
+            count_cached<-1>(n);  // it leaves the pool when b takes its node
             seat = n;
         } else {
-            b->pool->blocks.erase(n);
+            pool_erase(n);
         }
         if (n == b->prev) {
             b->ptr = n->ptr;
