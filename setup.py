@@ -13,8 +13,10 @@ from setuptools.command.build_ext import build_ext
 
 SHIM = Path("allocator_shim")
 SOURCES = sorted(str(p) for p in (SHIM / "src").glob("*.cpp"))
-# built at install() time against the user's torch (npu_lifetime/shim/bridge.py)
-TORCH_BRIDGE = SHIM / "torch_bridge" / "oom_bridge.cpp"
+# built at install() time against the user's torch / torch_npu (npu_lifetime/shim/bridge.py),
+# the NPU bridge with the shim's header
+BRIDGES = sorted(SHIM.glob("torch_bridge/*.cpp"))
+SHIPPED = [*BRIDGES, SHIM / "include" / "npu_lifetime_shim.h"]
 HEADERS = sorted(str(p) for p in SHIM.glob("*/*.h"))
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]
 
@@ -27,10 +29,11 @@ class BuildShim(build_ext):
         cmd = [*cxx, *FLAGS, f"-I{SHIM / 'include'}", *ext.sources, "-o", str(out), "-ldl", "-lpthread"]
         print(" ".join(cmd))
         subprocess.check_call(cmd)
-        shutil.copy(TORCH_BRIDGE, out.parent / TORCH_BRIDGE.name)
+        for path in SHIPPED:
+            shutil.copy(path, out.parent / path.name)
 
 
 setup(
-    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, str(TORCH_BRIDGE)])],
+    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, *map(str, BRIDGES)])],
     cmdclass={"build_ext": BuildShim},
 )

@@ -602,7 +602,7 @@ def api_state() -> dict:
         "runtime": shim.runtime_name(), "policy": shim.policy(), "debug": shim.debug(),
         "fraction": shim.memory_fraction(0), "stats": stats, "blocks": shim.snapshot()["segments"],
         "installed": install_module.installed(),
-        "torch routes": {name: getattr(torch._C, name, None) for name in torch_api._ROUTES},
+        "torch routes": {name: getattr(torch._C, "_cuda_" + name, None) for name in torch_api._ROUTES},
         "record_use routes": (rec._fast, dict(rec._routes)),
         "Tensor.record_use": getattr(torch.Tensor, "record_use", None),
         "fsdp2 patched": fsdp2._active,

@@ -7,7 +7,6 @@ import pytest
 
 from npu_lifetime import shim
 from npu_lifetime.shim import npu_queue
-from npu_lifetime.shim.install import InstallError
 from npu_lifetime.shim.native import library
 
 A, U = 0x5000, 0x6000
@@ -44,11 +43,49 @@ def test_the_queue_mode_is_read_as_torch_npu_reads_it(monkeypatch, env, mode):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert npu_queue.queue_mode() == mode
-    if mode:
-        with pytest.raises(InstallError, match="TASK_QUEUE_ENABLE=0"):
-            npu_queue.check_supported()
-    else:
-        npu_queue.check_supported()
+
+
+@pytest.fixture
+def queued_acl_shim(fake_acl_library):
+    """The ACL runtime behind the stand-in's task-queue operations (what the
+    NPU bridge gives the shim under torch_npu)."""
+    path, lib = fake_acl_library
+    lib.fake_npu_queue_ops.restype = ctypes.c_void_p
+    shim.reset()
+    shim.select_runtime("sim")
+    assert library().npl_set_acl_queue_ops(lib.fake_npu_queue_ops()) == 0
+    shim.select_runtime("acl", str(path))
+    lib.fake_acl_set_task_queue(1)
+    lib.fake_acl_reset_counters()
+    yield lib
+    lib.fake_acl_set_task_queue(0)
+    shim.reset()
+    shim.select_runtime("sim")
+    assert library().npl_set_acl_queue_ops(None) == 0
+
+
+@pytest.mark.parametrize("policy", ["poll", "lazy_wait", "stream_wait"])
+def test_with_the_task_queue_on_the_queued_event_follows_the_kernel(queued_acl_shim, policy):
+    # The case the first test shows failing with plain ACL calls.
+    shim.set_policy(policy)
+    x = shim.alloc(4096, 0, A)
+    queued_acl_shim.fake_acl_launch(U)  # held on the host
+    shim.record_use(x, U)
+    shim.free(x, 4096, 0, A)
+    y = shim.alloc(4096, 0, A)
+    if y == x:  # handed out at once: only behind a wait on U's event, which follows the kernel
+        assert policy != "poll"
+        assert queued_acl_shim.fake_acl_calls(b"aclrtStreamWaitEvent") == 1
+    assert queued_acl_shim.fake_acl_kernels_pending(U) == 1
+    queued_acl_shim.fake_acl_complete(U)
+    shim.process_events()
+    assert shim.stats()["pending.all.current"] == 0
+
+
+def test_the_queue_operations_are_refused_while_the_acl_runtime_is_in_use(acl_shim):
+    acl_shim.fake_npu_queue_ops.restype = ctypes.c_void_p
+    assert library().npl_set_acl_queue_ops(acl_shim.fake_npu_queue_ops()) == -1
+    assert "before the ACL runtime is selected" in library().npl_last_error().decode()
 
 
 def test_npu_record_stream_hook_takes_an_npustream(acl_shim):

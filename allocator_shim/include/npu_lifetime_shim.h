@@ -102,6 +102,30 @@ int npl_device_count(void); /* devices the selected runtime sees, or -1 */
 const char* npl_last_error(void);
 const char* npl_last_oom_message(void); /* this thread's last failed allocation, or "" */
 
+/* torch_npu's task queue.  With it on (torch_npu's default), ops reach the
+ * device from a host thread: an event recorded straight through ACL can
+ * complete before kernels the user queued earlier.  These operations go
+ * through torch_npu's own objects (c10_npu::NPUEvent, NPUStream), so every
+ * event is ordered after the work queued before the call, as in torch_npu's
+ * caching allocator.  Events are the queue's own (opaque) objects.  Each
+ * returns 0 or the runtime's error code; `complete` receives 1 or 0.
+ * install('npu') sets them from the NPU bridge (torch_bridge/npu_queue_bridge.cpp)
+ * before the ACL runtime is selected; NULL goes back to plain ACL calls. */
+struct npl_queue_ops {
+    int (*event_create)(void** event, int device);
+    int (*event_destroy)(void* event);
+    int (*event_record)(void* event, void* stream);
+    int (*event_query)(void* event, int* complete);
+    int (*event_synchronize)(void* event);
+    int (*stream_wait_event)(void* stream, void* event);
+    int (*stream_synchronize)(void* stream);
+    int (*stream_drain)(void* stream);   /* the queue's work for `stream` has reached the device */
+    int (*device_synchronize)(int device);
+    const char* (*error_string)(int code);
+};
+/* Returns 0, or -1 (npl_last_error) while the shim holds ACL memory. */
+int npl_set_acl_queue_ops(const struct npl_queue_ops* ops);
+
 /* Drop every block, segment, event, statistic and finding, and the simulated
  * streams' state (tests only). */
 void npl_reset(void);

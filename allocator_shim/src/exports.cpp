@@ -316,6 +316,17 @@ NPL_EXPORT int npl_select_runtime(const char* name, const char* library_path) {
     });
 }
 
+NPL_EXPORT int npl_set_acl_queue_ops(const npl_queue_ops* ops) {
+    return guarded("set_acl_queue_ops", -1, [&] {
+        std::string why;
+        if (!npl::set_acl_queue_ops(ops, shim().allocator.runtime(), &why)) {
+            set_error(why);
+            return -1;
+        }
+        return 0;
+    });
+}
+
 NPL_EXPORT int npl_device_count(void) {
     return guarded("device_count", -1, [] {
         const npl::Runtime* rt = shim().allocator.runtime();

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <string>
 
+struct npl_queue_ops;
+
 namespace npl {
 
 using Stream = void*;
@@ -40,6 +42,9 @@ struct Runtime {
 const Runtime* cuda_runtime(std::string* why);
 const Runtime* acl_runtime(const char* library_path, std::string* why);
 const Runtime* sim_runtime();
+// Routes the ACL runtime's ordering calls through torch_npu's task queue
+// (NULL: plain ACL); refused once an ACL runtime is `in_use`.
+bool set_acl_queue_ops(const struct npl_queue_ops* ops, const Runtime* in_use, std::string* why);
 
 // True when the process already has a CUDA / ACL runtime library loaded.
 bool library_loaded(const char* name_fragment, std::string* path);

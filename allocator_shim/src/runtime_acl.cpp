@@ -1,6 +1,12 @@
 // The Ascend ACL runtime (libascendcl.so), resolved at run time, against the
 // published AscendCL API (aclrtMalloc, aclrtCreateEvent, aclrtRecordEvent,
 // aclrtQueryEventStatus, aclrtStreamWaitEvent, aclmdlRICaptureGetInfo).
+//
+// Two tables: plain ACL calls, and ACL behind torch_npu's task queue
+// (npl_queue_ops), where everything that orders against the user's work
+// (events, stream waits and syncs, the device sync before a free, memset
+// and read-back) goes through the queue and only memory and capture queries
+// call ACL directly.
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -8,6 +14,7 @@
 #include "device_guard.h"
 #include "loader.h"
 #include "runtime.h"
+#include "npu_lifetime_shim.h"
 
 namespace npl {
 
@@ -120,6 +127,45 @@ Status acl_device_count(int* count, int* code) {
 }
 const char* acl_error_string(int) { return ""; }
 
+// --- behind torch_npu's task queue ---------------------------------------
+const npl_queue_ops* queue = nullptr;  // set before the queued table is selected, never while it is in use
+
+Status queued(int err, int* code) {
+    *code = err;
+    return err == 0 ? Status::ok : Status::error;
+}
+Status q_free(void* ptr, int device, int* code) {
+    if (queued(queue->device_synchronize(device), code) != Status::ok) return Status::error;
+    return on_device(device, code, [&] { return api.Free(ptr); });
+}
+Status q_event_create(Event* event, int device, int* code) { return queued(queue->event_create(event, device), code); }
+Status q_event_destroy(Event event, int, int* code) { return queued(queue->event_destroy(event), code); }
+Status q_event_record(Event event, Stream stream, int* code) { return queued(queue->event_record(event, stream), code); }
+Status q_event_query(Event event, int* code) {
+    int complete = 0;
+    if (queued(queue->event_query(event, &complete), code) != Status::ok) return Status::error;
+    return complete ? Status::ok : Status::not_ready;
+}
+Status q_event_sync(Event event, int* code) { return queued(queue->event_synchronize(event), code); }
+Status q_stream_wait(Stream stream, Event event, int* code) {
+    return queued(queue->stream_wait_event(stream, event), code);
+}
+Status q_stream_sync(Stream stream, int* code) { return queued(queue->stream_synchronize(stream), code); }
+Status q_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
+    if (queued(queue->stream_drain(stream), code) != Status::ok) return Status::error;
+    return acl_memset(ptr, byte, size, stream, code);
+}
+Status q_copy_to_host(void* dst, const void* src, size_t size, int device, int* code) {
+    if (queued(queue->device_synchronize(device), code) != Status::ok) return Status::error;
+    return acl_copy_to_host(dst, src, size, device, code);
+}
+const char* q_error_string(int code) { return queue->error_string != nullptr ? queue->error_string(code) : ""; }
+
+const Runtime kAclQueued = {"acl",          acl_malloc,     q_free,       q_event_create, q_event_destroy,
+                            q_event_record, q_event_query,  q_event_sync, q_stream_wait,  acl_capturing,
+                            q_stream_sync,  acl_stream_device, acl_current_device, q_memset, q_copy_to_host,
+                            acl_memory_total, acl_device_count, q_error_string};
+
 const Runtime kAcl = {"acl",            acl_malloc,        acl_free,          acl_event_create,  acl_event_destroy,
                       acl_event_record, acl_event_query,   acl_event_sync,    acl_stream_wait,   acl_capturing,
                       acl_stream_sync,  acl_stream_device, acl_current_device, acl_memset,       acl_copy_to_host,
@@ -153,6 +199,21 @@ bool load(const char* library_path, std::string* why) {
 
 }  // namespace
 
+bool set_acl_queue_ops(const npl_queue_ops* ops, const Runtime* in_use, std::string* why) {
+    if (in_use == &kAcl || in_use == &kAclQueued) {
+        *why = "torch_npu's task-queue operations must be set before the ACL runtime is selected";
+        return false;
+    }
+    if (ops != nullptr && (!ops->event_create || !ops->event_destroy || !ops->event_record || !ops->event_query ||
+                           !ops->event_synchronize || !ops->stream_wait_event || !ops->stream_synchronize ||
+                           !ops->stream_drain || !ops->device_synchronize)) {
+        *why = "npl_queue_ops: every operation but error_string is required";
+        return false;
+    }
+    queue = ops;
+    return true;
+}
+
 // The process has one ACL runtime: the first library that loads.  Asking
 // for another library afterwards is an error, not a silent reuse.
 const Runtime* acl_runtime(const char* library_path, std::string* why) {
@@ -169,7 +230,8 @@ const Runtime* acl_runtime(const char* library_path, std::string* why) {
                (loaded_from.empty() ? std::string() : " from " + loaded_from) + "; it cannot switch to " + wanted;
         return nullptr;
     }
-    return loaded ? &kAcl : nullptr;
+    if (!loaded) return nullptr;
+    return queue != nullptr ? &kAclQueued : &kAcl;
 }
 
 }  // namespace npl

@@ -330,3 +330,37 @@ EXPORT uint64_t fake_acl_calls(const char* name) {
     if (!strcmp(name, "aclrtSynchronizeDevice")) return n_sync_device;
     return UINT64_MAX;
 }
+
+/* npl_queue_ops as torch_npu's NPUEvent plays them with the queue on: a
+ * record or wait enters the queue behind the kernels already there (here:
+ * those are submitted first), a sync drains the queue first.  Events are
+ * this library's own.  The layout is the shim header's struct npl_queue_ops. */
+static int q_event_create(void** event, int device) { (void)device; return aclrtCreateEvent(event); }
+static int q_event_destroy(void* event) { return aclrtDestroyEvent(event); }
+static int q_event_record(void* event, void* stream) { fake_acl_flush(); return aclrtRecordEvent(event, stream); }
+static int q_event_query(void* event, int* complete) {
+    int status = 0;
+    aclError err = aclrtQueryEventStatus(event, &status);
+    *complete = status == ACL_EVENT_RECORDED_STATUS_COMPLETE;
+    return err;
+}
+static int q_event_synchronize(void* event) { fake_acl_flush(); return aclrtSynchronizeEvent(event); }
+static int q_stream_wait(void* stream, void* event) { fake_acl_flush(); return aclrtStreamWaitEvent(stream, event); }
+static int q_stream_synchronize(void* stream) { fake_acl_flush(); return aclrtSynchronizeStream(stream); }
+static int q_stream_drain(void* stream) { (void)stream; fake_acl_flush(); return ACL_SUCCESS; }
+static int q_device_synchronize(int device) { (void)device; fake_acl_flush(); return aclrtSynchronizeDevice(); }
+static const char* q_error_string(int code) { (void)code; return ""; }
+static struct {
+    int (*event_create)(void**, int);
+    int (*event_destroy)(void*);
+    int (*event_record)(void*, void*);
+    int (*event_query)(void*, int*);
+    int (*event_synchronize)(void*);
+    int (*stream_wait_event)(void*, void*);
+    int (*stream_synchronize)(void*);
+    int (*stream_drain)(void*);
+    int (*device_synchronize)(int);
+    const char* (*error_string)(int);
+} queue_ops = {q_event_create, q_event_destroy, q_event_record, q_event_query, q_event_synchronize,
+               q_stream_wait, q_stream_synchronize, q_stream_drain, q_device_synchronize, q_error_string};
+EXPORT const void* fake_npu_queue_ops(void) { return &queue_ops; }

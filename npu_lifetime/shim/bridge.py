@@ -1,12 +1,19 @@
-"""Builds and loads the torch bridge (allocator_shim/torch_bridge/): the
-allocation entry point that raises torch's out-of-memory error when the shim
-is out of memory (a pluggable allocator can only return NULL, which torch
-would hand on as a tensor at address 0).
+"""Builds and loads the bridges (allocator_shim/torch_bridge/), the two
+small C++ files that need a framework's headers, which the shim itself
+does without:
 
-It is compiled once per torch build, against the torch in use, with the
+- the torch bridge (``oom_bridge.cpp``): the allocation entry point that
+  raises torch's out-of-memory error when the shim is out of memory (a
+  pluggable allocator can only return NULL, which torch would hand on as a
+  tensor at address 0);
+- the NPU bridge (``npu_queue_bridge.cpp``): the shim's events and stream
+  waits through torch_npu's task queue (``npu_queue.py``).
+
+Each is compiled once per framework build, against the one in use, with the
 system C++ compiler, and cached (``$NPU_LIFETIME_CACHE``, else
 ``~/.cache/npu_lifetime``).  Without a compiler the shim is installed
-without it, and an allocation that fails returns address 0: a warning says so.
+without the torch bridge, and an allocation that fails returns address 0: a
+warning says so.
 """
 from __future__ import annotations
 
@@ -21,57 +28,90 @@ from typing import Optional
 
 from .native import library, symbol_address
 
-_SOURCE_NAME = "oom_bridge.cpp"
+TORCH_BRIDGE = "oom_bridge.cpp"
+NPU_BRIDGE = "npu_queue_bridge.cpp"
 
 
 class BridgeUnavailable(RuntimeError):
     pass
 
 
-def source_path() -> Path:
-    """The bridge's source: shipped beside the built shim, or in the checkout."""
+def source_path(name: str = TORCH_BRIDGE) -> Path:
+    """A bridge's source: shipped beside the built shim, or in the checkout."""
     here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "_native" / _SOURCE_NAME, here.parent / "allocator_shim" / "torch_bridge" / _SOURCE_NAME):
+    for candidate in (here / "_native" / name, here.parent / "allocator_shim" / "torch_bridge" / name):
         if candidate.exists():
             return candidate
-    raise BridgeUnavailable(f"the torch bridge's source ({_SOURCE_NAME}) is not installed")
+    raise BridgeUnavailable(f"the bridge's source ({name}) is not installed")
+
+
+def _shim_header() -> Path:
+    """The shim's C header (the NPU bridge implements its npl_queue_ops)."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "_native" / "npu_lifetime_shim.h",
+                      here.parent / "allocator_shim" / "include" / "npu_lifetime_shim.h"):
+        if candidate.exists():
+            return candidate
+    raise BridgeUnavailable("the shim's header (npu_lifetime_shim.h) is not installed")
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("NPU_LIFETIME_CACHE", Path.home() / ".cache" / "npu_lifetime"))
 
 
-def _compile_command(source: Path, out: Path) -> list:
+def _torch_flags() -> list:
     import torch
 
     torch_dir = Path(torch.__file__).resolve().parent
     abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
-    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    return [f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-isystem", str(torch_dir / "include"),
+            f"-L{torch_dir / 'lib'}", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
+
+
+def _torch_npu_flags() -> list:
+    import torch
+    import torch_npu
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    npu_dir = Path(torch_npu.__file__).resolve().parent
     return [
-        *cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-isystem", str(torch_dir / "include"), str(source), "-o", str(out),
-        f"-L{torch_dir / 'lib'}", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+        "-isystem", str(torch_dir / "include" / "torch" / "csrc" / "api" / "include"),
+        "-isystem", str(npu_dir / "include"), "-isystem", str(npu_dir / "include" / "third_party" / "acl" / "inc"),
+        f"-I{_shim_header().parent}", f"-L{npu_dir / 'lib'}", "-ltorch_npu", f"-Wl,-rpath,{npu_dir / 'lib'}",
     ]
 
 
-def build(out_dir: Optional[Path] = None) -> Path:
-    """The bridge library for the torch in use, built if not cached."""
+def _framework_version(name: str) -> bytes:
     import torch
 
-    source = source_path()
-    cxx = shlex.split(os.environ.get("CXX", "c++"))[0]
-    if shutil.which(cxx) is None:
-        raise BridgeUnavailable(f"no C++ compiler ({cxx}) to build the torch bridge")
-    key = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + torch.__file__.encode()).hexdigest()[:16]
+    version = torch.__version__ + torch.__file__
+    if name == NPU_BRIDGE:
+        import torch_npu
+
+        version += torch_npu.__version__ + torch_npu.__file__ + _shim_header().read_text()
+    return version.encode()
+
+
+def build(out_dir: Optional[Path] = None, name: str = TORCH_BRIDGE) -> Path:
+    """The bridge library ``name`` for the torch (and torch_npu) in use,
+    built if not cached."""
+    source = source_path(name)
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    if shutil.which(cxx[0]) is None:
+        raise BridgeUnavailable(f"no C++ compiler ({cxx[0]}) to build the bridge {name}")
+    key = hashlib.sha256(source.read_bytes() + _framework_version(name)).hexdigest()[:16]
     out_dir = out_dir or _cache_dir()
-    out = out_dir / f"libnpl_torch_bridge-{key}.so"
+    out = out_dir / f"libnpl_{Path(name).stem}-{key}.so"
     if out.exists():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    done = subprocess.run(_compile_command(source, tmp), capture_output=True, text=True)
+    flags = _torch_flags() + (_torch_npu_flags() if name == NPU_BRIDGE else [])
+    command = [*cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+               str(source), "-o", str(tmp), *flags]
+    done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BridgeUnavailable(f"building the torch bridge failed:\n{done.stderr[-2000:]}")
+        raise BridgeUnavailable(f"building the bridge {name} failed:\n{done.stderr[-2000:]}")
     os.replace(tmp, out)  # atomic: concurrent installs never see a half-written library
     return out
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 from . import api
 from . import arguments as check
+from . import npu_queue
 from .native import library_path, symbol_address
 
 # device: (shim runtime, {allocator-object setter: shim entry point})
@@ -92,8 +93,12 @@ def install(
         api.probe_runtime(runtime)
     except api.ShimError as err:
         raise InstallError(f"cannot install the shim for {device}: {err}") from err
+    npu_bridge = _npu_bridge() if device == "npu" else None
     bridge = _bridge()
-    allocator, wired = _pluggable_allocator(device, memory, bridge, setters)
+    entries = {setter: symbol_address(entry) for setter, entry in setters.items()}
+    if npu_bridge is not None:
+        entries.update(npu_queue.statistics_hooks(npu_bridge))
+    allocator, wired = _pluggable_allocator(device, memory, bridge, entries)
     try:
         memory.change_current_allocator(allocator)
     except RuntimeError as err:
@@ -102,16 +107,13 @@ def install(
             f"in this process ({err}). Call npu_lifetime.install() before any {device} tensor, "
             "stream or memory call."
         ) from err
+    if npu_bridge is not None:
+        npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
     _configure(policy, debug, quarantine_bytes)
-    if device == "cuda":
-        from . import torch_api
+    from . import torch_api
 
-        torch_api.route_cuda_memory_functions()
-    else:
-        from . import npu_queue
-
-        npu_queue.connect_stream_resolver()
+    torch_api.route_memory_functions(device)
     _installed = Installed(device, runtime, policy, debug, str(library_path()), str(bridge) if bridge else None, wired)
     return _installed
 
@@ -155,10 +157,13 @@ def _device_memory_module(device: str):
             f"install('npu') needs torch_npu, which cannot be imported here ({err}); install the torch_npu "
             "that matches your torch on a machine with an Ascend NPU"
         ) from err
-    from . import npu_queue
-
-    npu_queue.check_supported()
     return torch_npu.npu.memory
+
+
+def _npu_bridge():
+    """The NPU bridge (torch_npu's task queue, its statistics hooks), built
+    and loaded before anything changes."""
+    return npu_queue.load(npu_queue.build())
 
 
 def _bridge():
@@ -182,7 +187,7 @@ def _bridge():
         return None
 
 
-def _pluggable_allocator(device: str, memory, bridge, setters: dict):
+def _pluggable_allocator(device: str, memory, bridge, entries: dict):
     """The framework's pluggable allocator over the shim (through the bridge
     when there is one), with every setter the allocator object offers wired."""
     allocator_class = memory.CUDAPluggableAllocator if device == "cuda" else memory.NPUPluggableAllocator
@@ -193,11 +198,11 @@ def _pluggable_allocator(device: str, memory, bridge, setters: dict):
     raw = allocator.allocator()
     wired = []
     only = os.environ.get("NPU_LIFETIME_HOOKS")  # diagnostics: "none", or setters separated by commas
-    for setter, entry in setters.items():
+    for setter, address in entries.items():
         if only is not None and setter not in only.split(","):
             continue
         if hasattr(raw, setter):
-            getattr(raw, setter)(symbol_address(entry))
+            getattr(raw, setter)(address)
             wired.append(setter)
     return allocator, tuple(wired)
 
@@ -221,5 +226,7 @@ def stream_handle(stream) -> int:
     """The runtime handle of a torch.cuda / torch_npu stream."""
     handle = getattr(stream, "cuda_stream", None)
     if handle is None:
-        handle = stream.npu_stream
+        from . import npu_queue
+
+        return npu_queue.stream_handle(stream)
     return int(handle)

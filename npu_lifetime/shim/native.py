@@ -59,6 +59,7 @@ _PROTOTYPES = {
     "npl_reset": (None, []),
     "npl_set_hooks": (None, [ALLOC_HOOK, FREE_HOOK, _P]),
     "npl_set_npu_stream_resolver": (None, [_P]),
+    "npl_set_acl_queue_ops": (_I, [_P]),
     "npl_sim_complete": (None, [_P]),
     "npl_sim_complete_all": (None, []),
     "npl_sim_complete_to": (None, [_P, _U64]),

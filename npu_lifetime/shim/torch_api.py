@@ -4,9 +4,11 @@ through hooks, answered from the shim.
 Under ``CUDAPluggableAllocator`` torch 2.11 raises "pluggable does not yet
 support ..." for its memory statistics, snapshot, memory fraction query,
 and for the pool checks cudagraph trees (``torch.compile(mode=
-"reduce-overhead")``) make.  ``install("cuda")`` replaces these
-``torch._C`` functions (looked up by torch at each call) with the versions
-below; each keeps torch's signature and meaning.
+"reduce-overhead")``) make.  Under torch_npu's ``NPUPluggableAllocator``
+the same statistics read an uninitialised struct (the process aborts) and
+the snapshot double-frees.  ``install()`` replaces these ``torch._C`` /
+``torch_npu._C`` functions (looked up at each call) with the versions
+below; each keeps the framework's signature and meaning.
 
 Pool checkpoints.  cudagraph trees checkpoint a pool after each recording
 and restore it when a new recording or warm-up follows graphs that
@@ -99,25 +101,37 @@ def set_checkpoint_pool_state(device: int, state: PoolCheckpoint, stale_storages
             raise RuntimeError(f"npu_lifetime shim: could not hold graph pool block {ptr:#x} again ({api.findings()})")
 
 
-_ROUTES = {
-    "_cuda_memoryStats": memory_stats,
-    "_cuda_resetPeakMemoryStats": reset_peak_memory_stats,
-    "_cuda_resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
-    "_cuda_getMemoryFraction": get_memory_fraction,
-    "_cuda_memorySnapshot": memory_snapshot,
-    "_cuda_checkPoolLiveAllocations": check_pool_live_allocations,
-    "_cuda_getCheckpointState": get_checkpoint_state,
-    "_cuda_setCheckpointPoolState": set_checkpoint_pool_state,
+_ROUTES = {  # torch._C (cuda) / torch_npu._C (npu) function, by what it does
+    "memoryStats": memory_stats,
+    "resetPeakMemoryStats": reset_peak_memory_stats,
+    "resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
+    "getMemoryFraction": get_memory_fraction,
+    "memorySnapshot": memory_snapshot,
+    "checkPoolLiveAllocations": check_pool_live_allocations,
+    "getCheckpointState": get_checkpoint_state,
+    "setCheckpointPoolState": set_checkpoint_pool_state,
 }
 _originals: dict = {}
 
 
-def route_cuda_memory_functions() -> tuple:
-    """Replaces the ``torch._C`` functions this torch has; returns their names."""
+def _module(device: str):
+    if device == "cuda":
+        return torch._C, "_cuda_"
+    import torch_npu
+
+    return torch_npu._C, "_npu_"
+
+
+def route_memory_functions(device: str) -> tuple:
+    """Replaces the device's ``_C`` functions this build has (torch_npu's
+    ``torch.npu.memory_stats`` & co. call ``torch_npu._C._npu_memoryStats``
+    at each call); returns their names."""
+    module, prefix = _module(device)
     routed = []
-    for name, replacement in _ROUTES.items():
-        if hasattr(torch._C, name):
-            _originals.setdefault(name, getattr(torch._C, name))
-            setattr(torch._C, name, replacement)
+    for suffix, replacement in _ROUTES.items():
+        name = prefix + suffix
+        if hasattr(module, name):
+            _originals.setdefault(name, getattr(module, name))
+            setattr(module, name, replacement)
             routed.append(name)
     return tuple(routed)
