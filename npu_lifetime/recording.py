@@ -351,12 +351,16 @@ def _cuda_route() -> _ShimRoute:
 
 
 def _npu_route() -> _ShimRoute:
-    """Written against torch_npu's published API; not run on an NPU here."""
+    """Run against the real torch_npu on a stand-in CANN runtime
+    (tests/npu_standin); not on NPU hardware.  Streams become aclrtStreams
+    through the NPU bridge, without draining torch_npu's task queue."""
     import torch_npu
 
+    from .shim import npu_queue
+
     return _ShimRoute(
-        "npu", torch_npu.npu.Stream, handle=lambda s: int(s.npu_stream),
-        current_handle=lambda t: int(torch.npu.current_stream(t.device).npu_stream),
+        "npu", torch_npu.npu.Stream, handle=npu_queue.stream_handle,
+        current_handle=lambda t: npu_queue.stream_handle(torch.npu.current_stream(t.device)),
         device_flag="is_npu", device_index=torch.Tensor.get_device,  # is_npu: torch_npu's tensor property
     )
 

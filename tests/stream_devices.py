@@ -1,5 +1,7 @@
-"""The same stream API over the simulated device and real CUDA, so one test
-body checks both (CUDA cases skip cleanly without a GPU)."""
+"""The same stream API over the simulated device, real CUDA and the real
+torch_npu, so one test body checks all three (CUDA cases skip cleanly
+without a GPU; NPU cases without torch_npu: they run in the torch_npu
+environment over the stand-in CANN runtime, tests/test_npu_suites.py)."""
 import ctypes
 
 import pytest
@@ -78,10 +80,53 @@ class CudaDevice:
         FALLBACK.reclaim()
 
 
+class NpuDevice(CudaDevice):
+    """torch_npu's streams; on this project's machines, the real torch_npu
+    over the stand-in CANN runtime (tests/npu_standin)."""
+
+    name = "npu"
+
+    @staticmethod
+    def _npu():
+        import torch_npu  # noqa: F401
+
+        return torch_npu.npu
+
+    Stream = staticmethod(lambda *a, **k: NpuDevice._npu().Stream(*a, **k))
+    stream = staticmethod(lambda s: NpuDevice._npu().stream(s))
+    default_stream = staticmethod(lambda: NpuDevice._npu().default_stream())
+    synchronize = staticmethod(lambda: NpuDevice._npu().synchronize())
+
+    @staticmethod
+    def ones(n):
+        return torch.ones(n, device="npu")
+
+    @staticmethod
+    def empty(n):
+        return torch.empty(n, device="npu")
+
+    @staticmethod
+    def reused_empty(n):
+        return torch.empty(n, device="npu")
+
+
+def _npu_available() -> bool:
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:
+        return False
+    return torch_npu.npu.is_available()
+
+
 DEVICES = [
     pytest.param(SimDevice, id="sim"),
     pytest.param(
         CudaDevice, id="cuda",
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ),
+    pytest.param(
+        NpuDevice, id="npu",
+        marks=pytest.mark.skipif(not _npu_available(), reason="needs torch_npu (tests/test_npu_suites.py runs these "
+                                 "in the torch_npu environment over the stand-in CANN runtime)"),
     ),
 ]

@@ -191,9 +191,15 @@ def _shim_blocks() -> dict:
 
 
 class NpuBackend(_TraceBackend):
-    """torch_npu: written against its published trace API
-    (torch_npu.utils._npu_trace, torch_npu._C._activate_npu_trace); it has
-    not run on an NPU here."""
+    """torch_npu: its trace API (torch_npu.utils._npu_trace,
+    torch_npu._C._activate_npu_trace).  Run against the real torch_npu on a
+    stand-in CANN runtime (tests/npu_standin), not on NPU hardware.
+
+    Trace callbacks fire inside torch_npu's ``_lazy_init`` (the device's
+    first streams and events), so nothing here may call into torch.npu's
+    Python layer, which would enter ``_lazy_init`` again and hang: the
+    device and streams are read from torch_npu._C, and stream handles are
+    taken without draining the task queue where the NPU bridge is loaded."""
 
     device_type = "npu"
 
@@ -224,19 +230,25 @@ class NpuBackend(_TraceBackend):
         self._patch_queries(torch_npu.npu.Event, torch_npu.npu.Stream, lambda e: e.npu_event)
 
     def current_device(self) -> int:
-        return torch.npu.current_device()
-
-    def current_stream(self, device_index: int) -> tuple:
-        return (device_index, int(torch.npu.current_stream(device_index).npu_stream))
-
-    def stream_key(self, stream) -> tuple:
         import torch_npu
 
-        if not isinstance(stream, torch_npu.npu.Stream):
-            stream = torch_npu.npu.Stream(
-                stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
-            )
-        return (stream.device_index, int(stream.npu_stream))
+        return torch_npu._C._npu_getDeviceWithoutSet()
+
+    def current_stream(self, device_index: int) -> tuple:
+        import torch_npu
+
+        return (device_index, int(torch_npu._C._npu_getCurrentRawStreamNoWait(device_index)))
+
+    def default_stream(self, device_index: int) -> tuple:
+        import torch_npu
+
+        stream_id, index, device_type = torch_npu._C._npu_getDefaultStream(device_index)
+        return self.stream_key(torch.Stream(stream_id=stream_id, device_index=index, device_type=device_type))
+
+    def stream_key(self, stream) -> tuple:
+        from ..shim import npu_queue
+
+        return (stream.device_index, npu_queue.stream_handle(stream))
 
     def live_blocks(self) -> dict:
         from ..shim.install import installed

@@ -107,7 +107,7 @@ def install(
             f"in this process ({err}). Call npu_lifetime.install() before any {device} tensor, "
             "stream or memory call."
         ) from err
-    if npu_bridge is not None:
+    if device == "npu":
         npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
     _configure(policy, debug, quarantine_bytes)
@@ -162,7 +162,15 @@ def _device_memory_module(device: str):
 
 def _npu_bridge():
     """The NPU bridge (torch_npu's task queue, its statistics hooks), built
-    and loaded before anything changes."""
+    and loaded before anything changes; ``NPU_LIFETIME_BRIDGE=0`` leaves it
+    out on purpose (diagnostics: events go straight through ACL)."""
+    if os.environ.get("NPU_LIFETIME_BRIDGE", "1") == "0":
+        warnings.warn(
+            "npu_lifetime: NPU_LIFETIME_BRIDGE=0: the shim records its events straight through ACL; with "
+            f"torch_npu's task queue on (level {npu_queue.queue_mode()} here) an event can complete before "
+            "kernels still queued on the host, and a block be reused under them", RuntimeWarning, stacklevel=3,
+        )
+        return None
     return npu_queue.load(npu_queue.build())
 
 

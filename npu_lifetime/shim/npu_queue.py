@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 from typing import Optional
 
 from .native import library
 
 _bridge: Optional[ctypes.CDLL] = None
+_STREAM_RESOLVER = "_ZNK7c10_npu9NPUStream6streamEv"  # c10_npu::NPUStream::stream() const
+
+
+def _torch_npu_library():
+    import torch_npu
+
+    return Path(torch_npu.__file__).resolve().parent / "lib" / "libtorch_npu.so"
 
 
 def queue_mode() -> int:
@@ -97,11 +105,17 @@ def statistics_hooks(lib: ctypes.CDLL) -> dict:
             "set_reset_peak_status_fn": lib.npl_npu_reset_peak_status_fn()}
 
 
-def connect(lib: ctypes.CDLL) -> None:
+def connect(lib: Optional[ctypes.CDLL]) -> None:
     """Hands the bridge's queue operations and stream resolver to the shim.
-    Must run before the ACL runtime is selected."""
+    Must run before the ACL runtime is selected.  Without a bridge, the
+    record_stream hooks resolve NPUStreams with torch_npu's
+    ``NPUStream::stream()``, which drains the queue."""
     global _bridge
     shim = library()
+    if lib is None:
+        npu = ctypes.CDLL(str(_torch_npu_library()), mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        shim.npl_set_npu_stream_resolver(ctypes.cast(getattr(npu, _STREAM_RESOLVER), ctypes.c_void_p).value)
+        return
     if shim.npl_set_acl_queue_ops(lib.npl_npu_queue_ops()) != 0:
         from .install import InstallError
 
@@ -113,7 +127,12 @@ def connect(lib: ctypes.CDLL) -> None:
 def stream_handle(stream) -> int:
     """The aclrtStream of a torch.npu.Stream (or any torch.Stream of the
     npu device), without draining torch_npu's task queue."""
-    if _bridge is None:
+    if _bridge is None:  # no shim installed: torch_npu's own route, which drains the queue
+        import torch_npu
+
+        if not isinstance(stream, torch_npu.npu.Stream):
+            stream = torch_npu.npu.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                          device_type=stream.device_type)
         return int(stream.npu_stream)
     # torch.Stream's three fields: stream_id, device_index, device_type (an int, 20 = PrivateUse1)
     handle = _bridge.npl_npu_stream_handle(stream.stream_id, stream.device_index, int(stream.device_type))

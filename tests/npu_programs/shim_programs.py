@@ -1,0 +1,177 @@
+"""The product against the real torch_npu, over the stand-in CANN runtime
+(tests/npu_standin).  Each program runs in a fresh process of the torch_npu
+environment (the allocator can only be swapped before the first NPU
+allocation) and prints one JSON line.
+
+    python tests/npu_programs/shim_programs.py PROGRAM [ARGS...]
+"""
+import ctypes
+import json
+import sys
+
+import torch
+import torch_npu  # noqa: F401  (torch.npu)
+
+import npu_lifetime
+from npu_lifetime import shim
+
+N = 1 << 18  # 1 MiB of float32
+
+
+def standin() -> ctypes.CDLL:
+    """The stand-in runtime's test controls (exported by its libascendcl)."""
+    lib = ctypes.CDLL("libascendcl.so", mode=ctypes.RTLD_GLOBAL)
+    for name in ("standin_pause_stream", "standin_resume_stream", "standin_tasks_pending"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p]
+    lib.standin_tasks_pending.restype = ctypes.c_uint64
+    lib.standin_hold_launches.argtypes = [ctypes.c_int]
+    return lib
+
+
+def handle(stream) -> int:
+    from npu_lifetime.shim import npu_queue
+
+    return npu_queue.stream_handle(stream)
+
+
+def block_of(ptr: int) -> dict:
+    return next(b for s in shim.snapshot()["segments"] for b in s["blocks"] if b["address"] == ptr)
+
+
+def basics(policy: str = "lazy_wait") -> dict:
+    """Tensors through the shim, record_stream reaching it, empty_cache."""
+    setup = npu_lifetime.install("npu", policy=policy)
+    a = torch.ones(N, device="npu")
+    b = (a * 3 + a).cpu()
+    side = torch.npu.Stream()
+    x = torch.empty(N, device="npu")
+    x.record_stream(side)
+    recorded = block_of(x.data_ptr())["recorded_streams"]
+    ptr = x.data_ptr()
+    del x
+    torch.npu.synchronize()
+    shim.process_events()
+    before = shim.stats()["reserved_bytes.all.current"]
+    torch.npu.empty_cache()
+    return {"runtime": shim.runtime_name(), "hooks": list(setup.hooks), "values_ok": bool((b == 4).all()),
+            "recorded": recorded, "side": handle(side), "ptr_was_shim": ptr != 0,
+            "reserved_before_empty_cache": before, "reserved_after": shim.stats()["reserved_bytes.all.current"],
+            "allocations": shim.stats()["allocation.all.allocated"], "findings": shim.findings()}
+
+
+def ordering(policy: str) -> dict:
+    """An event the shim records (record_use) while the user's kernel still
+    sits in torch_npu's task queue: is it ordered after that kernel?  The
+    stand-in holds torch_npu's launch thread (standin_hold_launches), so the
+    kernel stays on the host; the side stream is paused so the kernel, once
+    launched, runs after the main stream's work."""
+    npu_lifetime.install("npu", policy=policy)
+    ctl = standin()
+    side = torch.npu.Stream()
+    x = torch.ones(N, device="npu")
+    torch.npu.synchronize()
+    ptr = x.data_ptr()
+    ctl.standin_pause_stream(handle(side))
+    ctl.standin_hold_launches(1)
+    with torch.npu.stream(side):
+        y = x * 2  # queued on the host behind the held launch
+    npu_lifetime.record_use(x, side)
+    del x
+    shim.process_events()
+    pending_after_free = shim.stats()["pending.all.current"]
+    z = torch.full((N,), 5.0, device="npu")  # main stream: reuses x's block only if that is safe
+    reused = z.data_ptr() == ptr
+    ctl.standin_hold_launches(0)
+    torch.npu.current_stream().synchronize()  # z's fill has run; y's kernel has not (side paused)
+    ctl.standin_resume_stream(handle(side))
+    torch.npu.synchronize()
+    return {"pending_after_free": pending_after_free, "reused": reused, "y_ok": bool((y.cpu() == 2).all()),
+            "z_ok": bool((z.cpu() == 5).all()), "findings": shim.findings()}
+
+
+def memory_functions() -> dict:
+    """torch.npu's memory functions under the shim: the shim's figures under
+    torch's names, no abort."""
+    npu_lifetime.install("npu")
+    x = torch.empty(N, device="npu")
+    y = torch.empty(3 * N, device="npu")
+    stats = shim.stats()
+    got = {
+        "memory_allocated": torch.npu.memory_allocated(),
+        "max_memory_allocated": torch.npu.max_memory_allocated(),
+        "memory_reserved": torch.npu.memory_reserved(),
+        "memory_stats_allocated": torch.npu.memory_stats()["allocated_bytes.all.current"],
+    }
+    want = {"memory_allocated": stats["allocated_bytes.all.current"],
+            "max_memory_allocated": stats["allocated_bytes.all.peak"],
+            "memory_reserved": stats["reserved_bytes.all.current"],
+            "memory_stats_allocated": stats["allocated_bytes.all.current"]}
+    del y
+    torch.npu.reset_peak_memory_stats()
+    peak_after_reset = torch.npu.max_memory_allocated()
+    segments = torch.npu.memory_snapshot()
+    summary = torch.npu.memory_summary()
+    torch.npu.set_per_process_memory_fraction(0.5)
+    fraction = shim.memory_fraction(0)
+    torch.npu.empty_cache()
+    del x
+    return {"got": got, "want": want, "peak_after_reset": peak_after_reset,
+            "allocated_now": shim.stats()["allocated_bytes.all.current"],
+            "snapshot_segments": len(segments), "summary_has_title": "PyTorch CUDA memory summary" in summary
+            or "memory summary" in summary.lower(), "fraction": fraction}
+
+
+def out_of_memory(cap_mib: str) -> dict:
+    """Past the stand-in's memory cap: torch's out-of-memory error, and the
+    program goes on."""
+    npu_lifetime.install("npu")
+    kept = torch.ones(N, device="npu")
+    error = None
+    try:
+        torch.empty(int(cap_mib) * (1 << 20), dtype=torch.uint8, device="npu")
+    except torch.OutOfMemoryError as err:
+        error = str(err).splitlines()[0]
+    after = torch.ones(N, device="npu") + kept
+    return {"error": error, "goes_on": bool((after.cpu() == 2).all()), "num_ooms": shim.stats()["num_ooms"]}
+
+
+def record_use_shim() -> dict:
+    """record_use under the shim: one use event per stream on the block."""
+    npu_lifetime.install("npu", policy="poll")
+    side = torch.npu.Stream()
+    x = torch.ones(N, device="npu")
+    with torch.npu.stream(side):
+        y = x * 2
+    npu_lifetime.record_use(x, side)
+    events = block_of(x.data_ptr())["use_events"]
+    del x
+    torch.npu.synchronize()
+    shim.process_events()
+    return {"events": events, "side": handle(side), "y_ok": bool((y.cpu() == 2).all()),
+            "pending": shim.stats()["pending.all.current"], "findings": shim.findings()}
+
+
+def record_use_fallback() -> dict:
+    """record_use over torch_npu's own caching allocator (no shim): the
+    storage is held until the event fired, then released without another
+    record_use call."""
+    from npu_lifetime import native_fallback
+
+    side = torch.npu.Stream()
+    x = torch.ones(N, device="npu")
+    with torch.npu.stream(side):
+        y = x * 2
+    npu_lifetime.record_use(x, side)
+    held = native_fallback.FALLBACK.held()
+    del x
+    torch.npu.synchronize()
+    z = torch.empty(N, device="npu")  # the next allocation lets the fallback release what has fired
+    del z
+    return {"held": held, "held_after_sync": native_fallback.FALLBACK.held(), "y_ok": bool((y.cpu() == 2).all())}
+
+
+PROGRAMS = {f.__name__: f for f in (basics, ordering, memory_functions, out_of_memory, record_use_shim,
+                                    record_use_fallback)}
+
+if __name__ == "__main__":
+    print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))
