@@ -1,7 +1,12 @@
 /* Device memory over host memory (with a cap), pinned host memory, and
- * synchronous copies/fills. Freed memory returns to the cap at once but to
- * the system only after every task queued before the free has run, so a
- * kernel still queued on a paused stream never touches unmapped memory. */
+ * synchronous copies/fills.
+ * Freed device memory behaves as on a device: it returns to the cap at once
+ * but stays mapped with its contents, and a later allocation of the same size
+ * gets it back (the latest freed first), so work still queued on it (in
+ * torch_npu's task queue or on a stream) reads or writes memory that may be
+ * reused, and never faults. Beyond POOL_RESIDENT bytes the oldest freed
+ * regions lose their pages (read as zeros), beyond POOL_LIMIT their mapping. Freed pinned host memory goes back to the system only after every
+ * task queued before the free has run. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -10,6 +15,8 @@
 
 #define DEFAULT_CAP (8ULL << 30)
 #define HOST_ALIGNMENT 64
+#define POOL_RESIDENT (1ULL << 30) /* freed device memory keeping its contents */
+#define POOL_LIMIT (64ULL << 30)   /* freed device address space kept mapped */
 
 struct region {
     char *base;
@@ -28,6 +35,9 @@ static struct region *regions;
 static size_t region_count, region_capacity;
 static struct deferred *graveyard;
 static size_t graveyard_count, graveyard_capacity;
+static struct deferred *pool; /* freed device regions, oldest first */
+static size_t pool_count, pool_capacity, pool_bytes;
+static size_t pool_dropped; /* pool[0 .. pool_dropped) lost their pages */
 static size_t in_use[64];
 
 static size_t cap(void)
@@ -86,6 +96,48 @@ void standin_release_deferred(void)
     graveyard_count = kept;
 }
 
+/* Lock held: keep a freed device region mapped for reuse; beyond the pool's
+ * limit, unmap the oldest ones no queued task can still touch. */
+static void to_pool(struct region region)
+{
+    pool = grow(pool, &pool_capacity, pool_count, sizeof *pool);
+    pool[pool_count++] = (struct deferred){region, standin_sequence_now()};
+    pool_bytes += region.size;
+    size_t resident = 0;
+    for (size_t i = pool_dropped; i < pool_count; ++i)
+        resident += pool[i].region.size;
+    for (; resident > POOL_RESIDENT && pool_dropped < pool_count; ++pool_dropped) {
+        madvise(pool[pool_dropped].region.base, pool[pool_dropped].region.size, MADV_DONTNEED);
+        resident -= pool[pool_dropped].region.size;
+    }
+    uint64_t oldest = standin_oldest_pending_sequence();
+    size_t unmapped = 0;
+    while (pool_bytes > POOL_LIMIT && unmapped < pool_dropped && pool[unmapped].after_sequence < oldest) {
+        pool_bytes -= pool[unmapped].region.size;
+        release(&pool[unmapped++].region);
+    }
+    memmove(pool, pool + unmapped, (pool_count - unmapped) * sizeof *pool);
+    pool_count -= unmapped;
+    pool_dropped -= unmapped;
+}
+
+/* Lock held: a pooled region of exactly SIZE bytes (the latest freed), or NULL. */
+static void *from_pool(size_t size)
+{
+    for (size_t i = pool_count; i-- > 0;) {
+        if (pool[i].region.size != size)
+            continue;
+        void *base = pool[i].region.base;
+        pool_bytes -= size;
+        memmove(pool + i, pool + i + 1, (pool_count - i - 1) * sizeof *pool);
+        pool_count -= 1;
+        if (i < pool_dropped)
+            pool_dropped -= 1;
+        return base;
+    }
+    return NULL;
+}
+
 /* Lock held: forget the region starting at PTR; free it once earlier work ran. */
 static aclError forget(void *ptr, enum standin_memory_kind kind)
 {
@@ -94,8 +146,11 @@ static aclError forget(void *ptr, enum standin_memory_kind kind)
         return ACL_ERROR_RT_PARAM_INVALID;
     struct region region = regions[at];
     regions[at] = regions[--region_count];
-    if (kind == STANDIN_DEVICE)
+    if (kind == STANDIN_DEVICE) {
         in_use[region.device] -= region.size;
+        to_pool(region);
+        return ACL_SUCCESS;
+    }
     graveyard = grow(graveyard, &graveyard_capacity, graveyard_count, sizeof *graveyard);
     graveyard[graveyard_count++] = (struct deferred){region, standin_sequence_now()};
     standin_release_deferred();
@@ -122,7 +177,9 @@ static aclError device_malloc(void **devPtr, size_t size)
                           cap());
         return ACL_ERROR_RT_MEMORY_ALLOCATION;
     }
-    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *base = from_pool(bytes);
+    if (base == NULL)
+        base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) {
         standin_unlock();
         return ACL_ERROR_RT_MEMORY_ALLOCATION;

@@ -150,9 +150,17 @@ standin_stream *standin_stream_of(aclrtStream stream)
     return s;
 }
 
+/* standin_hold_launches: while on, work submitted by any thread but the
+ * one that turned it on waits at the door, as if that thread (torch_npu's
+ * launch thread, with its task queue on) were slow to launch. */
+static int launches_held;
+static pthread_t launch_holder;
+
 uint64_t standin_enqueue(standin_stream *s, standin_task *task)
 {
     standin_lock();
+    while (launches_held && !pthread_equal(pthread_self(), launch_holder))
+        standin_wait_change();
     task->next = NULL;
     task->index = ++s->submitted;
     task->sequence = next_sequence++;
@@ -329,6 +337,15 @@ static void set_paused(aclrtStream stream, int paused)
 }
 
 /* Test controls: hold / release a stream's queue (NULL: the default stream). */
+STANDIN_EXPORT void standin_hold_launches(int on)
+{
+    standin_lock();
+    launches_held = on;
+    launch_holder = pthread_self();
+    standin_signal_change();
+    standin_unlock();
+}
+
 STANDIN_EXPORT void standin_pause_stream(aclrtStream stream) { set_paused(stream, 1); }
 STANDIN_EXPORT void standin_resume_stream(aclrtStream stream) { set_paused(stream, 0); }
 

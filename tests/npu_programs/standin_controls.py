@@ -1,0 +1,66 @@
+"""The stand-in CANN runtime's test controls (standin_* in libascendcl.so),
+from a program running the real torch_npu on it (tests/npu_standin)."""
+import ctypes
+import os
+
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded stand-in libascendcl.so (the one torch_npu uses)."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(os.environ["NPU_STANDIN_LIBRARY"])
+        signatures = {
+            "standin_set_delay_us": (None, [ctypes.c_uint64]),
+            "standin_pause_stream": (None, [ctypes.c_void_p]),
+            "standin_resume_stream": (None, [ctypes.c_void_p]),
+            "standin_drain": (None, []),
+            "standin_tasks_executed": (ctypes.c_uint64, [ctypes.c_void_p]),
+            "standin_tasks_pending": (ctypes.c_uint64, [ctypes.c_void_p]),
+            "standin_call_count": (ctypes.c_uint64, [ctypes.c_char_p]),
+            "standin_memory_in_use": (ctypes.c_uint64, [ctypes.c_int32]),
+        }
+        for name, (restype, argtypes) in signatures.items():
+            function = getattr(lib, name)
+            function.restype = restype
+            function.argtypes = argtypes
+        _lib = lib
+    return _lib
+
+
+def _handle(stream) -> int:
+    """An aclrtStream from a torch_npu Stream, an int, or None (the default stream)."""
+    return getattr(stream, "npu_stream", stream)
+
+
+def set_delay_us(us: int) -> None:
+    library().standin_set_delay_us(us)
+
+
+def pause(stream) -> None:
+    library().standin_pause_stream(_handle(stream))
+
+
+def resume(stream) -> None:
+    library().standin_resume_stream(_handle(stream))
+
+
+def drain() -> None:
+    library().standin_drain()
+
+
+def executed(stream) -> int:
+    return library().standin_tasks_executed(_handle(stream))
+
+
+def pending(stream) -> int:
+    return library().standin_tasks_pending(_handle(stream))
+
+
+def calls(name: str) -> int:
+    return library().standin_call_count(name.encode())
+
+
+def memory_in_use(device: int = 0) -> int:
+    return library().standin_memory_in_use(device)
