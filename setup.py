@@ -19,6 +19,10 @@ BRIDGES = sorted(SHIM.glob("torch_bridge/*.cpp"))
 SHIPPED = [*BRIDGES, SHIM / "include" / "npu_lifetime_shim.h"]
 HEADERS = sorted(str(p) for p in SHIM.glob("*/*.h"))
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]
+# NPL_DEBUG_INVARIANTS=1: a debug build that checks the allocator's
+# invariants after every entry point (allocator_shim/src/invariants.cpp).
+if os.environ.get("NPL_DEBUG_INVARIANTS") == "1":
+    FLAGS += ["-DNPL_CHECK_INVARIANTS", "-g"]
 
 
 class BuildShim(build_ext):

@@ -1,5 +1,6 @@
 """Random operation sequences and concurrent threads against the shim, with
-its statistics and safety invariants checked after every step."""
+its statistics, safety invariants and the allocator's own invariant checker
+(npl_check_invariants) run after every step."""
 import ctypes
 import random
 import threading
@@ -8,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npu_lifetime import shim
+from shim_testing import check_invariants, invariant_violations
 
 STREAMS = (0x1000, 0x2000, 0x3000)
 SIZES = (1, 512, 4000, 100_000, 1 << 20, 3 << 20)
@@ -60,6 +62,7 @@ def check_stats(tracker):
     assert s["allocated_bytes.all.peak"] >= s["allocated_bytes.all.current"]
     assert s["reserved_bytes.all.peak"] >= s["reserved_bytes.all.current"]
     assert s["active_bytes.all.peak"] >= s["allocated_bytes.all.current"] + s["pending_bytes.all.current"]
+    check_invariants()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -115,6 +118,7 @@ def test_random_sequences_keep_the_invariants(sim_shim, ops, policy):
         shim.free(ptr, size, 0, stream)
     shim.sim.complete_all()
     shim.empty_cache()
+    check_invariants()
     s = shim.stats()
     assert (s["allocation.all.current"], s["pending.all.current"], s["reserved_bytes.all.current"]) == (0, 0, 0)
     assert shim.findings() == []
@@ -140,6 +144,7 @@ def test_threads_never_share_a_block(sim_shim):
                 shim.free(ptr, size, 0, stream)
                 if rng.random() < 0.3:
                     shim.sim.complete(STREAMS[rng.randrange(3)])
+                errors.extend(f"thread {tid}: {v}" for v in invariant_violations())
             else:
                 size = rng.choice((64, 700, 5000, 70_000))
                 stream = own_stream if rng.random() < 0.7 else STREAMS[0]
@@ -154,6 +159,7 @@ def test_threads_never_share_a_block(sim_shim):
                 ctypes.memset(ptr, tag, size)
                 if stream_ok:
                     mine.append((ptr, size, tag, stream))
+                errors.extend(f"thread {tid}: {v}" for v in invariant_violations())
         for ptr, size, _, stream in mine:
             with guard:
                 del live[ptr]
@@ -171,4 +177,5 @@ def test_threads_never_share_a_block(sim_shim):
     assert s["allocation.all.allocated"] == s["allocation.all.freed"] and s["allocation.all.current"] == 0
     assert s["pending.all.current"] == 0
     assert s["reserved_bytes.all.current"] == cached_bytes()
+    check_invariants()
     assert shim.findings() == []

@@ -1,12 +1,17 @@
 """The shim under threads, at exit and across fork(): hooks set and cleared
-while 8 threads allocate (allocator_shim/tests/hook_stress.c), a process
-that exits with the sanitizer's hooks set and blocks still live, and a
-forked child allocating while its parent's threads held the shim's locks."""
+while 8 threads allocate (allocator_shim/tests/hook_stress.c, with the
+allocator's invariant checker run after every step, and in a debug build
+after every entry point of every thread), a process that exits with the
+sanitizer's hooks set and blocks still live, and a forked child allocating
+while its parent's threads held the shim's locks."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +24,49 @@ def hook_stress(tmp_path_factory):
     return compile_c(tmp_path_factory, "hook_stress.c", "hook_stress", "-O2", "-pthread", "-ldl")
 
 
-def test_hooks_replaced_while_8_threads_allocate_never_run_stale(hook_stress):
-    done = subprocess.run([str(hook_stress), str(library_path()), "20000"], capture_output=True, text=True,
-                          timeout=120)
+@pytest.fixture(scope="session")
+def debug_shim(tmp_path_factory):
+    """The shim built as NPL_DEBUG_INVARIANTS=1 builds it (-DNPL_CHECK_INVARIANTS),
+    at -O1 to build faster: every entry point checks the invariants."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    out = tmp_path_factory.mktemp("debug_shim")
+    sources = sorted(Path("allocator_shim/src").glob("*.cpp"))
+    flags = ["-std=c++17", "-O1", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+             "-DNPL_CHECK_INVARIANTS", "-Iallocator_shim/include"]
+
+    def compile_one(src):
+        subprocess.run([cxx, *flags, "-c", str(src), "-o", str(out / f"{src.stem}.o")], check=True)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(compile_one, sources))
+    library = out / "libnpl_debug.so"
+    subprocess.run([cxx, "-shared", *[str(out / f"{src.stem}.o") for src in sources], "-o", str(library), "-ldl",
+                    "-lpthread"], check=True)
+    return library
+
+
+def _hook_stress(binary, library, iterations):
+    done = subprocess.run([str(binary), str(library), str(iterations)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_hooks_replaced_while_8_threads_allocate_never_run_stale(hook_stress):
+    result = _hook_stress(hook_stress, library_path(), 20000)
     assert result["faults"] == 0 and result["hook_calls"] > 0
+    assert result["invariant_violations"] == 0  # checked after every iteration, under the threads' traffic
+
+
+def test_a_debug_build_checks_the_invariants_after_every_entry_point(hook_stress, debug_shim):
+    result = _hook_stress(hook_stress, debug_shim, 300)
+    assert result["faults"] == 0 and result["hook_calls"] > 0 and result["invariant_violations"] == 0
+    check = subprocess.run([sys.executable, "-c", "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+                            "print(lib.npl_invariant_checks_built_in(), ctypes.CDLL(sys.argv[2])"
+                            ".npl_invariant_checks_built_in())", str(debug_shim), str(library_path())],
+                           capture_output=True, text=True, check=True)
+    assert check.stdout.split() == ["1", "0"]  # the debug build checks; the installed one does not
 
 
 def _run_python(code: str, timeout: float = 60, env=None):

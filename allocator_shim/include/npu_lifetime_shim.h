@@ -92,6 +92,15 @@ char* npl_drain_trace_json(void);
 void npl_set_trace(int enabled, size_t capacity);
 void npl_free_string(char* s);
 
+/* The allocator's invariants (blocks tile their segments, pools hold exactly
+ * their cached blocks, one event per stream and block, statistics equal a
+ * recount, none below zero, ...) that do not hold now: a JSON array of
+ * sentences, "[]" when all hold.  Reads only.  A build made with
+ * NPL_DEBUG_INVARIANTS=1 also checks after every entry point and reports an
+ * `invariant_violation` finding (npl_invariant_checks_built_in() is 1). */
+char* npl_check_invariants(void);
+int npl_invariant_checks_built_in(void);
+
 /* Runtime selection: "cuda", "acl" (optionally a library path), "sim", or
  * NULL/"auto" (a CUDA or ACL runtime already loaded in the process, else sim).
  * Only while no segment is held.  Returns 0, or -1 with npl_last_error(). */
@@ -151,6 +160,12 @@ void npl_sim_set_device(int device);            /* the calling thread's current 
 uint64_t npl_sim_stream_waits(void* stream);   /* stream-wait-event calls on `stream` */
 uint64_t npl_sim_incomplete_events(void);
 uint64_t npl_sim_event_syncs(void);            /* host waits on events */
+/* The next `n` calls of a runtime function ("event_create", "event_record",
+ * "event_query", "stream_synchronize", ...: the names of the runtime table
+ * in src/runtime.h) fail with an error.  0, or -1 for an unknown name. */
+int npl_sim_fail_next(const char* call, uint64_t n);
+uint64_t npl_sim_calls(const char* call);     /* calls of that function so far (UINT64_MAX: unknown) */
+uint64_t npl_sim_completed(void* stream);     /* operations of `stream` that have run */
 
 #ifdef __cplusplus
 }

@@ -56,6 +56,11 @@ class AddressBook {
         if (map_.size() > kMaxEntries) forget_freed();
     }
     void clear() { map_.clear(); }
+    size_t size() const { return map_.size(); }
+    template <typename F>
+    void for_each(F f) const {
+        for (const auto& entry : map_) f(entry.first, entry.second);
+    }
 
    private:
     void forget_freed() {

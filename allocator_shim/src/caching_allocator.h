@@ -80,12 +80,19 @@ class CachingAllocator {
     std::string drain_trace_json();
     void reset();
 
+    // The invariants (stated in caching_allocator.cpp) that do not hold now,
+    // in words; empty when all hold.  Reads only (invariants.cpp).
+    std::vector<std::string> invariant_violations() const;
+    // Reports each violation as an `invariant_violation` finding about `op`.
+    void check_invariants(const char* op);
+
     // pthread_atfork: the allocator's state is consistent in the child.
     void lock_for_fork();
     void unlock_after_fork();
 
    private:
     // All private members run with mu_ held.
+    std::vector<std::string> invariant_violations_locked() const;
     bool ensure_runtime();
     DeviceStats& dstats(int device) {
         auto i = static_cast<size_t>(device < 0 ? 0 : device);

@@ -258,6 +258,24 @@ NPL_EXPORT void npl_set_trace(int enabled, size_t capacity) {
 
 NPL_EXPORT void npl_free_string(char* s) { std::free(s); }
 
+NPL_EXPORT char* npl_check_invariants(void) {
+    return guarded("check_invariants", static_cast<char*>(nullptr), [] {
+        npl::Json j;
+        j.open_array();
+        for (const std::string& what : shim().allocator.invariant_violations()) j.value(what);
+        j.close_array();
+        return copy_string(j.str());
+    });
+}
+
+NPL_EXPORT int npl_invariant_checks_built_in(void) {
+#ifdef NPL_CHECK_INVARIANTS
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 namespace {
 
 // The runtime `name` names (loading it), or nullptr with `why`.
@@ -374,3 +392,6 @@ NPL_EXPORT void npl_sim_set_device(int device) { npl::sim::set_device(device); }
 NPL_EXPORT uint64_t npl_sim_stream_waits(void* stream) { return npl::sim::stream_waits(stream); }
 NPL_EXPORT uint64_t npl_sim_incomplete_events(void) { return npl::sim::incomplete_events(); }
 NPL_EXPORT uint64_t npl_sim_event_syncs(void) { return npl::sim::event_syncs(); }
+NPL_EXPORT int npl_sim_fail_next(const char* call, uint64_t n) { return npl::sim::fail_next(call, n) ? 0 : -1; }
+NPL_EXPORT uint64_t npl_sim_calls(const char* call) { return npl::sim::calls(call); }
+NPL_EXPORT uint64_t npl_sim_completed(void* stream) { return npl::sim::completed(stream); }

@@ -36,6 +36,7 @@ class Quarantine {
         bytes_ -= b->size;
         return b;
     }
+    const std::deque<Block*>& blocks() const { return fifo_; }  // oldest first
     void clear() {
         fifo_.clear();
         bytes_ = 0;

@@ -5,10 +5,13 @@
 // to its end, or to the first wait whose event has not completed; a fill
 // lands on host memory when its stream runs past it.  The host waiting
 // (event/stream synchronize) runs whatever that needs, as a device would.
+// Tests count each call and can make the next calls of one fail
+// (sim::fail_next), as a device runtime can.
 #include "runtime_sim.h"
 
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <algorithm>
 #include <unordered_map>
@@ -53,6 +56,15 @@ struct SimEvent {
     uint64_t position = 0;
 };
 
+// The calls tests can count and make fail (sim::calls, sim::fail_next).
+enum Call : int {
+    kMalloc, kFree, kEventCreate, kEventDestroy, kEventRecord, kEventQuery, kEventSynchronize, kStreamWaitEvent,
+    kStreamCapturing, kStreamSynchronize, kMemset, kCalls
+};
+const char* const kCallNames[kCalls] = {"malloc",       "free",          "event_create",      "event_destroy",
+                                        "event_record", "event_query",   "event_synchronize", "stream_wait_event",
+                                        "stream_capturing", "stream_synchronize", "memset"};
+
 struct State {
     std::mutex mu;
     std::unordered_map<Stream, SimStream> streams;
@@ -60,6 +72,8 @@ struct State {
     std::unordered_map<void*, size_t> memory;
     uint64_t in_use = 0, limit = 0;
     uint64_t event_syncs = 0;
+    uint64_t calls[kCalls] = {};
+    uint64_t failing[kCalls] = {};  // the next this many calls fail
 };
 
 State& state() {
@@ -91,6 +105,21 @@ void advance(State& s, SimStream& st, uint64_t target, bool run_dependencies) {
     }
 }
 
+// Counts a call (under s.mu); true when a test asked for it to fail.
+bool injected_failure(State& s, Call call) {
+    s.calls[call]++;
+    if (s.failing[call] == 0) return false;
+    s.failing[call]--;
+    return true;
+}
+
+int call_index(const char* name) {
+    for (int i = 0; i < kCalls; ++i) {
+        if (name != nullptr && std::strcmp(name, kCallNames[i]) == 0) return i;
+    }
+    return -1;
+}
+
 Status result(int code, int* out) {
     *out = code;
     if (code == kOk) return Status::ok;
@@ -100,6 +129,7 @@ Status result(int code, int* out) {
 Status sim_malloc(void** ptr, size_t size, int, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kMalloc)) return result(kInvalid, code);
     if (s.limit != 0 && s.in_use + size > s.limit) return result(kOutOfMemory, code);
     size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
     *ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
@@ -112,6 +142,7 @@ Status sim_malloc(void** ptr, size_t size, int, int* code) {
 Status sim_free(void* ptr, int, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kFree)) return result(kInvalid, code);
     auto it = s.memory.find(ptr);
     if (it == s.memory.end()) return result(kInvalid, code);
     s.in_use -= it->second;
@@ -123,6 +154,7 @@ Status sim_free(void* ptr, int, int* code) {
 Status sim_event_create(Event* event, int, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kEventCreate)) return result(kInvalid, code);
     auto* e = new SimEvent();
     s.events.insert(e);
     *event = e;
@@ -132,6 +164,7 @@ Status sim_event_create(Event* event, int, int* code) {
 Status sim_event_destroy(Event event, int, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kEventDestroy)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (s.events.erase(e) == 0) return result(kInvalid, code);
     delete e;
@@ -141,6 +174,7 @@ Status sim_event_destroy(Event event, int, int* code) {
 Status sim_event_record(Event event, Stream stream, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kEventRecord)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (stream == nullptr || s.events.count(e) == 0) return result(kInvalid, code);
     SimStream& st = s.streams[stream];
@@ -152,6 +186,7 @@ Status sim_event_record(Event event, Stream stream, int* code) {
 Status sim_event_query(Event event, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kEventQuery)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (s.events.count(e) == 0) return result(kInvalid, code);
     *code = kOk;
@@ -163,6 +198,7 @@ Status sim_event_query(Event event, int* code) {
 Status sim_event_sync(Event event, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kEventSynchronize)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (s.events.count(e) == 0) return result(kInvalid, code);
     if (e->stream != nullptr) {
@@ -175,6 +211,7 @@ Status sim_event_sync(Event event, int* code) {
 Status sim_stream_sync(Stream stream, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kStreamSynchronize)) return result(kInvalid, code);
     SimStream& st = s.streams[stream];
     advance(s, st, st.queued, true);
     return result(kOk, code);
@@ -191,6 +228,7 @@ Status sim_current_device(int* device, int* code) {
 Status sim_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kMemset)) return result(kInvalid, code);
     SimStream& st = s.streams[stream];
     st.pending_fills.push_back(Fill{++st.queued, ptr, byte, size});
     advance(s, st, st.completed, false);
@@ -228,6 +266,7 @@ const char* sim_error_string(int code) {
 Status sim_stream_wait(Stream stream, Event event, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kStreamWaitEvent)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (stream == nullptr || s.events.count(e) == 0) return result(kInvalid, code);
     SimStream& st = s.streams[stream];
@@ -242,6 +281,7 @@ Status sim_stream_wait(Stream stream, Event event, int* code) {
 Status sim_capturing(Stream stream, bool* capturing, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kStreamCapturing)) return result(kInvalid, code);
     auto it = s.streams.find(stream);
     *capturing = it != s.streams.end() && it->second.capturing;
     return result(kOk, code);
@@ -339,6 +379,32 @@ void reset_streams() {
     for (SimEvent* e : s.events) delete e;  // a test's own events (npl_sim_record_event) go too
     s.events.clear();
     s.event_syncs = 0;
+    std::fill(std::begin(s.calls), std::end(s.calls), 0);
+    std::fill(std::begin(s.failing), std::end(s.failing), 0);
+}
+
+bool fail_next(const char* call, uint64_t n) {
+    int i = call_index(call);
+    if (i < 0) return false;
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.failing[i] = n;
+    return true;
+}
+
+uint64_t calls(const char* call) {
+    int i = call_index(call);
+    if (i < 0) return UINT64_MAX;
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.calls[i];
+}
+
+uint64_t completed(Stream stream) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.streams.find(stream);
+    return it == s.streams.end() ? 0 : it->second.completed;
 }
 
 void lock_for_fork() { state().mu.lock(); }

@@ -22,5 +22,12 @@ void set_device(int device);   // the calling thread's current device
 void lock_for_fork();          // pthread_atfork: hold the state's lock across fork()
 void unlock_after_fork();
 void reset_streams();  // forget every stream's progress, waits and capture state, and every event
+                       // (and the call counts and failures below)
+// The next `n` calls of the runtime function `call` ("event_create",
+// "event_record", "event_query", "stream_synchronize", ... as the Runtime
+// table names them) fail with an error; false for an unknown name.
+bool fail_next(const char* call, uint64_t n);
+uint64_t calls(const char* call);  // calls of `call` so far (UINT64_MAX: unknown name)
+uint64_t completed(Stream stream);  // operations of `stream` that have run
 
 }  // namespace npl::sim

@@ -25,11 +25,19 @@ Shim& shim();
 
 void internal_error(const char* op, const char* what) noexcept;
 
-// Runs `body`, turning any exception into an internal_error finding.
+// Runs `body`, turning any exception into an internal_error finding.  A
+// build with -DNPL_CHECK_INVARIANTS checks the allocator's invariants after
+// every entry point (invariants.cpp).
 template <typename T, typename Body>
 T guarded(const char* op, T fallback, Body body) noexcept {
     try {
+#ifdef NPL_CHECK_INVARIANTS
+        T out = body();
+        shim().allocator.check_invariants(op);
+        return out;
+#else
         return body();
+#endif
     } catch (const std::exception& e) {
         internal_error(op, e.what());
     } catch (...) {

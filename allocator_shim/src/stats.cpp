@@ -27,6 +27,11 @@ const Entry kEntries[] = {
 
 }  // namespace
 
+const char* stat_name(StatId id) {
+    int i = static_cast<int>(id);
+    return i >= 0 && i < kStatCount ? kEntries[i].name : "?";  // the stats come first in NPL_STATS
+}
+
 void DeviceStats::derive_active() {
     const std::pair<StatId, std::pair<StatId, StatId>> derived[] = {
         {StatId::active, {StatId::allocation, StatId::pending}},

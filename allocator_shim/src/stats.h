@@ -121,6 +121,8 @@ struct DeviceStats {
     }
 };
 
+// A stat's name without the ".pool.field" suffix ("allocated_bytes").
+const char* stat_name(StatId id);
 // The exported names, in the order npl_stats_values writes them.
 const std::vector<std::string>& stat_names();
 // Writes every value of `s` in stat_names() order.

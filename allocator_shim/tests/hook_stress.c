@@ -3,8 +3,13 @@
  * through the shim while the main thread keeps replacing and clearing the
  * hooks, releasing each hook set's context as soon as npl_set_hooks returns.
  * A hook called after its set was replaced, or with another set's context,
- * is caught by the context's magic number (poisoned on release).
- *   hook_stress SHIM.so [ITERATIONS]      exit 0: no fault seen
+ * is caught by the context's magic number (poisoned on release).  Each
+ * worker runs the allocator's invariant checker (npl_check_invariants)
+ * every 256 of its pairs, under the other threads' traffic (every pair
+ * would starve the workers on the allocator's lock); a debug build
+ * (NPL_CHECK_INVARIANTS) checks after every entry point of every thread,
+ * and what it finds arrives as invariant_violation findings.
+ *   hook_stress SHIM.so [ITERATIONS]      exit 0: no fault and no violation seen
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -21,6 +26,8 @@ typedef void* (*alloc_fn)(ssize_t, int, void*);
 typedef void (*free_fn)(void*, ssize_t, int, void*);
 typedef void (*set_hooks_fn)(hook_fn, hook_fn, void*);
 typedef int (*select_fn)(const char*, const char*);
+typedef char* (*string_fn)(void);
+typedef void (*free_string_fn)(char*);
 
 #define THREADS 8
 #define ALIVE 0x5AFE5AFEu
@@ -36,6 +43,26 @@ static alloc_fn shim_alloc;
 static free_fn shim_free;
 static atomic_int stop;
 static atomic_long faults;
+static atomic_long violations;
+static string_fn check_invariants;
+static free_string_fn free_string;
+
+/* Counts what the checker reports (a JSON array: "[]" when every invariant
+ * holds), or, with a `marker`, its occurrences in the JSON (the findings). */
+static void count(char* json, const char* marker) {
+    if (json == NULL) {
+        atomic_fetch_add(&violations, 1);
+        return;
+    }
+    if (marker == NULL && strcmp(json, "[]") != 0) {
+        atomic_fetch_add(&violations, 1);
+        fprintf(stderr, "invariants: %s\n", json);
+    }
+    for (const char* at = json; marker != NULL && (at = strstr(at, marker)) != NULL; at += strlen(marker)) {
+        atomic_fetch_add(&violations, 1);
+    }
+    free_string(json);
+}
 
 static void check(void* c, int which) {
     struct ctx* x = c;
@@ -50,10 +77,11 @@ static void free1(void* p, size_t s, int d, void* st, void* c) { (void)p, (void)
 static void* worker(void* arg) {
     uintptr_t stream = 0x1000 * ((uintptr_t)arg + 1);
     unsigned seed = (unsigned)(uintptr_t)arg;
-    while (!atomic_load(&stop)) {
+    for (long pairs = 1; !atomic_load(&stop); pairs++) {
         ssize_t size = 64 + (rand_r(&seed) % 8) * 4096;
         void* p = shim_alloc(size, 0, (void*)stream);
         if (p != NULL) shim_free(p, size, 0, (void*)stream);
+        if (pairs % 256 == 0) count(check_invariants(), NULL);
     }
     return NULL;
 }
@@ -70,7 +98,12 @@ int main(int argc, char** argv) {
     shim_free = (free_fn)dlsym(lib, "npl_free");
     set_hooks_fn set_hooks = (set_hooks_fn)dlsym(lib, "npl_set_hooks");
     select_fn select_runtime = (select_fn)dlsym(lib, "npl_select_runtime");
-    if (!shim_alloc || !shim_free || !set_hooks || !select_runtime || select_runtime("sim", NULL) != 0) return 2;
+    check_invariants = (string_fn)dlsym(lib, "npl_check_invariants");
+    string_fn drain_findings = (string_fn)dlsym(lib, "npl_drain_findings_json");
+    free_string = (free_string_fn)dlsym(lib, "npl_free_string");
+    if (!shim_alloc || !shim_free || !set_hooks || !select_runtime || !check_invariants || !drain_findings ||
+        !free_string || select_runtime("sim", NULL) != 0)
+        return 2;
     pthread_t threads[THREADS];
     for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&threads[i], NULL, worker, (void*)i);
     long calls = 0;
@@ -92,6 +125,9 @@ int main(int argc, char** argv) {
     }
     atomic_store(&stop, 1);
     for (int i = 0; i < THREADS; i++) pthread_join(threads[i], NULL);
-    printf("{\"iterations\": %ld, \"hook_calls\": %ld, \"faults\": %ld}\n", iterations, calls, atomic_load(&faults));
-    return atomic_load(&faults) == 0 && calls > 0 ? 0 : 1;
+    count(check_invariants(), NULL);
+    count(drain_findings(), "invariant_violation");
+    printf("{\"iterations\": %ld, \"hook_calls\": %ld, \"faults\": %ld, \"invariant_violations\": %ld}\n",
+           iterations, calls, atomic_load(&faults), atomic_load(&violations));
+    return atomic_load(&faults) == 0 && atomic_load(&violations) == 0 && calls > 0 ? 0 : 1;
 }

@@ -1,0 +1,285 @@
+// The invariant checker: walks every segment, block, pool, event and
+// statistic and says which of the invariants stated at the top of
+// caching_allocator.cpp do not hold.  Tests call it after every step of the
+// stress and property tests (npl_check_invariants); a build with
+// -DNPL_CHECK_INVARIANTS (NPL_DEBUG_INVARIANTS=1 pip install -e .) also runs
+// it after every C entry point and reports a violation as an
+// `invariant_violation` finding, as mimalloc and torch assert theirs in
+// debug builds.  It only reads: no runtime call, no change.
+#include <array>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "caching_allocator.h"
+
+namespace npl {
+
+namespace {
+
+constexpr size_t kMaxReported = 32;
+
+std::string hex(const void* p) {
+    std::ostringstream out;
+    out << p;
+    return out.str();
+}
+
+std::string where(const Block* b) {
+    return "block " + hex(b->ptr) + " (" + std::to_string(b->size) + " B, device " + std::to_string(b->device) +
+           ", stream " + hex(b->stream) + ")";
+}
+
+// The statistics a walk of the blocks can recount (the others are event
+// counts or peaks).
+constexpr StatId kRecounted[] = {
+    StatId::allocation,     StatId::segment,        StatId::inactive_split, StatId::allocated_bytes,
+    StatId::reserved_bytes, StatId::inactive_split_bytes, StatId::requested_bytes, StatId::pending,
+    StatId::pending_bytes,  StatId::waiting,        StatId::waiting_bytes,  StatId::quarantined,
+    StatId::quarantined_bytes};
+
+struct Recount {
+    std::array<std::array<int64_t, kPoolKinds>, kStatCount> v{};
+    void add(StatId id, bool small, int64_t n) {
+        v[static_cast<int>(id)][kAllPools] += n;
+        v[static_cast<int>(id)][small ? kSmallPool : kLargePool] += n;
+    }
+};
+
+const char* const kFields[4] = {"current", "peak", "allocated", "freed"};
+
+}  // namespace
+
+std::vector<std::string> CachingAllocator::invariant_violations() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return invariant_violations_locked();
+}
+
+std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
+    std::vector<std::string> bad;
+    auto fail = [&](const std::string& what) {
+        if (bad.size() < kMaxReported) bad.push_back(what);
+    };
+    std::map<int, Recount> recount;
+    std::unordered_set<Event> events;
+    auto note_event = [&](Event e, const std::string& holder) {
+        if (e == nullptr) {
+            fail(holder + " holds a null event");
+        } else if (!events.insert(e).second) {
+            fail(holder + " holds event " + hex(e) + " that something else holds too");
+        }
+    };
+    std::unordered_map<const Pool*, size_t> cached_in;
+    size_t pending_blocks = 0, deferred_blocks = 0, quarantined_blocks = 0;
+
+    for (const auto& entry : segments_) {
+        const Segment* seg = entry.second;
+        std::string segment = "segment " + hex(seg->base);
+        if (entry.first != seg->base) fail(segment + " is filed under " + hex(entry.first));
+        Recount& r = recount[seg->device];
+        r.add(StatId::segment, seg->small, 1);
+        r.add(StatId::reserved_bytes, seg->small, static_cast<int64_t>(seg->size));
+        if (seg->first == nullptr || seg->first->prev != nullptr) fail(segment + ": its first block has a predecessor");
+        const char* expect = seg->base;
+        const Block* prev = nullptr;
+        for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
+            std::string at = where(b);
+            if (b->ptr != expect) fail(at + " does not start where its predecessor ends (" + hex(expect) + ")");
+            if (b->prev != prev) fail(at + ": its prev link is broken");
+            if (b->segment != seg) fail(at + " points to another segment");
+            if (b->size == 0 || b->size % 512 != 0) fail(at + ": size is not a positive multiple of 512");
+            if (b->device != seg->device || b->stream != seg->stream || b->small != seg->small) {
+                fail(at + " disagrees with its segment on device, stream or size class");
+            }
+            const Pool* p = b->pool;
+            if (p == nullptr || p->device != seg->device || p->stream != seg->stream || p->small != seg->small ||
+                !(p->id == seg->pool_id)) {
+                fail(at + " belongs to a pool other than its segment's (device, stream, size class, graph pool)");
+            } else if (static_cast<size_t>(p->device) >= stats_.size() || p->stats != &stats_[p->device]) {
+                fail(at + ": its pool does not count into its device's statistics");
+            }
+            expect = b->ptr + b->size;
+            std::unordered_set<Stream> streams;
+            for (const HeldEvent& h : b->held) {
+                if (!streams.insert(h.stream).second) fail(at + " holds two events of stream " + hex(h.stream));
+                note_event(h.event, at);
+            }
+            streams.clear();
+            for (const StreamUse& u : b->uses) {
+                if (!streams.insert(u.stream).second) fail(at + " has two use records of stream " + hex(u.stream));
+                if (u.stream == b->stream) fail(at + " records a use on its own allocation stream");
+                if (u.event != nullptr) note_event(u.event, at);
+            }
+            if (b->state != BlockState::live && b->state != BlockState::deferred && !b->uses.empty()) {
+                fail(at + " is freed but still has use records");
+            }
+            switch (b->state) {
+                case BlockState::live: {
+                    r.add(StatId::allocation, b->small, 1);
+                    r.add(StatId::allocated_bytes, b->small, static_cast<int64_t>(b->size));
+                    r.add(StatId::requested_bytes, b->small, static_cast<int64_t>(b->requested));
+                    if (!b->held.empty()) fail(at + " is live but holds events of a freed block");
+                    if (b->requested == 0 || b->requested > b->size) fail(at + ": requested size out of range");
+                    const Address* a = book_.find(b->ptr);
+                    if (a == nullptr || a->live != b) {
+                        fail(at + " is live but the address book does not know it");
+                    } else if (a->generation != b->generation) {
+                        fail(at + ": its generation differs from the address book's");
+                    }
+                    break;
+                }
+                case BlockState::pending:
+                    pending_blocks++;
+                    r.add(StatId::pending, b->small, 1);
+                    r.add(StatId::pending_bytes, b->small, static_cast<int64_t>(b->size));
+                    if (b->held.empty()) fail(at + " is pending with no event to wait for");
+                    break;
+                case BlockState::deferred:
+                    deferred_blocks++;
+                    r.add(StatId::pending, b->small, 1);
+                    r.add(StatId::pending_bytes, b->small, static_cast<int64_t>(b->size));
+                    break;
+                case BlockState::quarantined:
+                    quarantined_blocks++;
+                    r.add(StatId::quarantined, b->small, 1);
+                    r.add(StatId::quarantined_bytes, b->small, static_cast<int64_t>(b->size));
+                    break;
+                case BlockState::cached:
+                    cached_in[p]++;
+                    if (b->split()) {
+                        r.add(StatId::inactive_split, b->small, 1);
+                        r.add(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
+                    }
+                    if (!b->held.empty()) {
+                        r.add(StatId::waiting, b->small, 1);
+                        r.add(StatId::waiting_bytes, b->small, static_cast<int64_t>(b->size));
+                    }
+                    if (prev != nullptr && prev->state == BlockState::cached) {
+                        fail(at + " and its cached predecessor were not merged");
+                    }
+                    break;
+            }
+        }
+        if (expect != seg->base + seg->size) fail(segment + ": its blocks do not cover it exactly");
+    }
+
+    // Pools: each set holds exactly its cached blocks, in best-fit order.
+    size_t cached_total = 0;
+    for (const auto& entry : pools_) {
+        const Pool& p = entry.second;
+        if (!(PoolKey{p.device, p.stream, p.small, p.id} == entry.first)) fail("a pool is filed under another key");
+        size_t n = 0;
+        const Block* last = nullptr;
+        for (const Block* b = p.blocks.at_least(0); b != nullptr; b = p.blocks.after(b)) {
+            n++;
+            if (b->pool != &p || b->state != BlockState::cached) fail(where(b) + " is in a pool it is not cached in");
+            if (last != nullptr && !(last->size < b->size || (last->size == b->size && last->ptr < b->ptr))) {
+                fail(where(b) + " is out of best-fit order in its pool");
+            }
+            last = b;
+        }
+        if (n != p.blocks.size()) fail("a pool's set size disagrees with its walk");
+        auto it = cached_in.find(&p);
+        if (n != (it == cached_in.end() ? 0 : it->second)) {
+            fail("pool (device " + std::to_string(p.device) + ", stream " + hex(p.stream) + ") holds " +
+                 std::to_string(n) + " blocks, " + std::to_string(it == cached_in.end() ? 0 : it->second) +
+                 " are cached in it");
+        }
+        cached_total += n;
+    }
+    size_t cached_blocks = 0;
+    for (const auto& entry : cached_in) cached_blocks += entry.second;
+    if (cached_total != cached_blocks) fail("cached blocks outside any pool's set");
+
+    // The lists of freed blocks hold exactly the blocks in their state.
+    size_t listed_pending = 0;
+    std::unordered_set<const Block*> seen;
+    for (const Block* b : pending_) {
+        listed_pending++;
+        if (b->state != BlockState::pending) fail(where(b) + " is on the pending list but not pending");
+        if (!seen.insert(b).second) fail(where(b) + " is on the pending list twice");
+    }
+    if (listed_pending != pending_blocks) fail("the pending list does not hold every pending block");
+    seen.clear();
+    for (const Block* b : deferred_) {
+        if (b->state != BlockState::deferred) fail(where(b) + " is on the deferred list but not deferred");
+        if (!seen.insert(b).second) fail(where(b) + " is on the deferred list twice");
+    }
+    if (deferred_.size() != deferred_blocks) fail("the deferred list does not hold every deferred block");
+    size_t q_bytes = 0;
+    for (const Block* b : quarantine_.blocks()) {
+        if (b->state != BlockState::quarantined) fail(where(b) + " is in the quarantine but not quarantined");
+        q_bytes += b->size;
+    }
+    if (quarantine_.blocks().size() != quarantined_blocks || q_bytes != quarantine_.bytes()) {
+        fail("the quarantine does not hold exactly the quarantined blocks");
+    }
+
+    // Idle events are nobody's.
+    for (const auto& entry : event_pool_) {
+        for (Event e : entry.second) note_event(e, "the event pool of device " + std::to_string(entry.first));
+    }
+
+    // The address book: every live entry is a live block at that address.
+    book_.for_each([&](const void* ptr, const Address& a) {
+        if (a.live == nullptr) return;
+        if (a.live->ptr != ptr || a.live->state != BlockState::live) {
+            fail("the address book names a block at " + hex(ptr) + " that is not live there");
+        }
+    });
+
+    // Statistics: what the walk recounts, and no field below zero.
+    for (size_t d = 0; d < stats_.size(); ++d) {
+        const Recount& r = recount[static_cast<int>(d)];
+        for (StatId id : kRecounted) {
+            for (int pool = 0; pool < kPoolKinds; ++pool) {
+                int64_t counted = stats_[d].stats[static_cast<int>(id)][pool].current;
+                int64_t walked = r.v[static_cast<int>(id)][pool];
+                if (counted != walked) {
+                    fail("device " + std::to_string(d) + ": statistic " + stat_name(id) + "[" + std::to_string(pool) + "].current is " + std::to_string(counted) +
+                         ", the blocks say " + std::to_string(walked));
+                }
+            }
+        }
+        DeviceStats s = stats_[d];
+        s.derive_active();
+        for (int id = 0; id < kStatCount; ++id) {
+            for (int pool = 0; pool < kPoolKinds; ++pool) {
+                const Stat& v = s.stats[id][pool];
+                const int64_t fields[4] = {v.current, v.peak, v.allocated, v.freed};
+                for (int f = 0; f < 4; ++f) {
+                    if (fields[f] < 0) {
+                        fail("device " + std::to_string(d) + ": statistic " + stat_name(static_cast<StatId>(id)) +
+                             "[" + std::to_string(pool) + "]." + kFields[f] + " is negative (" +
+                             std::to_string(fields[f]) + ")");
+                    }
+                }
+                if (v.peak < v.current) fail("device " + std::to_string(d) + ": a peak below its current value");
+            }
+        }
+    }
+    for (const auto& entry : recount) {
+        if (static_cast<size_t>(entry.first) >= stats_.size()) {
+            fail("blocks of device " + std::to_string(entry.first) + " that has no statistics");
+        }
+    }
+    return bad;
+}
+
+void CachingAllocator::check_invariants(const char* op) {
+    std::vector<std::string> bad;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        bad = invariant_violations_locked();
+    }
+    for (const std::string& what : bad) {
+        Finding f;
+        f.kind = "invariant_violation";
+        f.op = op;
+        f.detail = what;
+        findings_.push(std::move(f));
+    }
+}
+
+}  // namespace npl
