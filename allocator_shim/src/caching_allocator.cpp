@@ -19,7 +19,10 @@
 //   cached -> live            allocation (best fit in its pool; the rest of
 //                             the block is split off when worth it)
 //   live -> deferred          free during a graph capture of a block with
-//                             recorded streams: no event may be recorded now
+//                             recorded streams: no event may be recorded now;
+//                             or a recorded stream got no event (the runtime
+//                             failed) and the host could not wait for it:
+//                             retried, never reusable before
 //   live | deferred -> pending | cached | quarantined
 //                             free: recorded streams get an event recorded
 //                             at the free, record_use events are kept (one
@@ -548,6 +551,10 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     s.add(StatId::allocated_bytes, b->small, -n);
     s.add(StatId::requested_bytes, b->small, -static_cast<int64_t>(b->requested));
     trace(TraceKind::free, b, nullptr);
+    if (quarantine_.enabled()) {  // a write after the free is reported with these
+        b->last_streams.clear();
+        for (const StreamUse& u : b->uses) b->last_streams.push_back(u.stream);
+    }
     if (!b->uses.empty() && !graph_pools_.any_capture_underway() && !deferred_.empty()) process_deferred();
     if (needs_capture_deferral(b)) {
         b->state = BlockState::deferred;
@@ -617,20 +624,28 @@ bool CachingAllocator::needs_capture_deferral(const Block* b) {
 
 // The free's events: recorded streams get one recorded now; record_use
 // events are kept; a noted use still queued is a finding.  Then settle.
+// A recorded stream whose event can't be created or recorded is waited for
+// by the host instead (torch raises there; a free has no error to return);
+// if that fails too, the block stays deferred, out of every pool, and the
+// free is retried with its remaining streams (process_deferred).  So a
+// failed runtime call never makes a block reusable early.
 void CachingAllocator::finish_free(Block* b) {
     bool frozen = graph_pools_.any_capture_underway();
-    if (quarantine_.enabled()) {
-        b->last_streams.clear();
-        for (const StreamUse& u : b->uses) b->last_streams.push_back(u.stream);
-    }
+    size_t unresolved = 0;  // recorded streams neither evented nor waited for: kept at the front
     for (StreamUse& u : b->uses) {
         int ev_device = u.event != nullptr ? u.event_device : device_of(u.stream, -1, b->device);
         if (u.recorded) {
             if (u.event == nullptr) u.event = acquire_event(ev_device);
             if (u.event != nullptr && record(u.event, u.stream, b, "record_event(free)")) {
                 hold(b, HeldEvent{u.stream, u.event, ev_device, event_seq_, true});
-            } else if (u.event != nullptr) {
-                release_event(u.event, ev_device);
+                continue;
+            }
+            if (u.event != nullptr) release_event(u.event, ev_device);
+            u.event = nullptr;
+            int code = 0;
+            if (rt_->stream_synchronize(u.stream, &code) != Status::ok) {
+                runtime_error("stream_synchronize(free)", code, b, u.stream);
+                b->uses[unresolved++] = u;
             }
             continue;
         }
@@ -650,7 +665,18 @@ void CachingAllocator::finish_free(Block* b) {
         }
         hold(b, HeldEvent{u.stream, u.event, ev_device, u.seq, u.noted});
     }
-    b->uses.clear();
+    b->uses.resize(unresolved);
+    if (unresolved != 0) {  // retried once no capture is underway (process_deferred)
+        if (b->state == BlockState::live) {
+            DeviceStats& s = *b->pool->stats;
+            s.add(StatId::pending, b->small, 1);
+            s.add(StatId::pending_bytes, b->small, static_cast<int64_t>(b->size));
+            trace(TraceKind::pending, b, nullptr);
+        }
+        b->state = BlockState::deferred;
+        deferred_.push_back(b);
+        return;
+    }
     if (!b->held.empty()) dstats(b->device).count(CounterId::deferred_frees);
     settle(b);
 }
@@ -779,11 +805,17 @@ int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bo
     }
     if (u.event == nullptr) {
         u.event_device = device_of(stream, stream_device, b->device);
-        if ((u.event = acquire_event(u.event_device)) == nullptr) return -1;
+        u.event = acquire_event(u.event_device);
     }
     // One live event per stream: re-recording subsumes the earlier record,
-    // since the stream runs in order.
-    if (!record(u.event, stream, b, noted ? "record_event(note_use)" : "record_event(record_use)")) return -1;
+    // since the stream runs in order.  Without an event (the runtime failed:
+    // a finding says so) the use is covered as record_stream covers it, by
+    // an event at the free.
+    if (u.event == nullptr || !record(u.event, stream, b, noted ? "record_event(note_use)" : "record_event(record_use)")) {
+        u.recorded = true;
+        trace(TraceKind::record_stream, b, stream);
+        return 0;
+    }
     u.seq = event_seq_;
     u.noted = noted;
     trace(noted ? TraceKind::note_use : TraceKind::record_use, b, stream);

@@ -1,0 +1,60 @@
+"""The defects a line-by-line review of allocator_shim/ found (issue 16,
+D1-D11), each reproduced on the simulated runtime: every test here failed
+on the code before its fix (the commit that added it says how)."""
+import pytest
+from conftest import S1, S2
+
+from shim_testing import check_invariants, sim_completed, sim_fail_next
+
+
+def kinds(shim):
+    return [f["kind"] for f in shim.findings()]
+
+
+# ---- D1: a failed event never ungates a block ------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["poll", "lazy_wait"])
+@pytest.mark.parametrize("failing", ["event_create", "event_record"])
+def test_d1_a_free_whose_event_fails_is_not_reused_while_the_recorded_stream_reads(sim_shim, policy, failing):
+    sim_shim.set_policy(policy)
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_stream(p, S2)
+    read = sim_shim.sim.launch(S2)  # S2 reads p
+    sim_fail_next(failing)
+    sim_shim.free(p, 4096, 0, S1)
+    q = sim_shim.alloc(4096, 0, S1)
+    # before: the block went straight back to its pool, handed out with S2's read still queued
+    assert q != p or sim_completed(S2) >= read
+    assert "runtime_error" in kinds(sim_shim)
+    check_invariants()
+
+
+def test_d1_without_an_event_or_a_host_wait_the_block_stays_out_until_a_retry_works(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_stream(p, S2)
+    read = sim_shim.sim.launch(S2)
+    sim_fail_next("event_create", 3)
+    sim_fail_next("stream_synchronize", 3)
+    sim_shim.free(p, 4096, 0, S1)
+    assert sim_shim.alloc(4096, 0, S1) != p  # retried at this allocation: still failing
+    assert sim_shim.stats()["pending.all.current"] == 1
+    check_invariants()
+    sim_shim.process_events()  # the runtime works again: an event is recorded at last
+    assert sim_shim.alloc(4096, 0, S1) != p  # held until S2's read is done
+    sim_shim.sim.complete(S2)
+    assert sim_completed(S2) >= read and sim_shim.alloc(4096, 0, S1) == p
+    assert "runtime_error" in kinds(sim_shim)
+    check_invariants()
+
+
+def test_d1_a_record_use_whose_event_fails_falls_back_to_record_stream(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    read = sim_shim.sim.launch(S2)
+    sim_fail_next("event_record")
+    assert sim_shim.record_use(p, S2)  # covered all the same: by an event at the free
+    assert kinds(sim_shim) == ["runtime_error"]
+    sim_shim.free(p, 4096, 0, S1)
+    assert sim_shim.alloc(4096, 0, S1) != p or sim_completed(S2) >= read
+    sim_shim.sim.complete(S2)
+    assert sim_shim.alloc(4096, 0, S1) == p
+    check_invariants()
