@@ -58,6 +58,7 @@ def _check(args: argparse.Namespace) -> int:
         result = check_script(
             args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
             live=not args.no_live, on_race=args.on_race, strict=args.strict,
+            allow_latent=args.allow_latent, suppressions=args.suppressions,
         )
     except CheckError as err:
         print(f"npu-lifetime check: {err}", file=sys.stderr)
@@ -348,10 +349,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "check", help="run a script under the lifetime sanitizer",
         description="Runs SCRIPT under the lifetime sanitizer and reports its findings. Exit codes: "
-                    "0 clean (latent findings may be listed), 1 findings that fail the check (data races, "
-                    "reuse races, uncovered frees a reuse race followed, invalid frees...; with --strict "
-                    "every contract violation), 2 bad usage (no such script, a device this machine lacks), "
-                    "3 the script itself failed.",
+                    "0 no finding fails the check, 1 findings fail it: every data race and reuse race, every "
+                    "uncovered free (latent or actual: the report says which, and why a latent one did not "
+                    "corrupt this run), invalid frees and uses after free; known-safe patterns are silenced only "
+                    "explicitly (--suppressions, --allow-latent); 2 bad usage (no such script, a device this "
+                    "machine lacks, a malformed suppressions file), 3 the script itself failed.",
     )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")
@@ -360,8 +362,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the findings as JSON")
     p.add_argument("--no-live", action="store_true", help="leave out storages still alive at the end")
     p.add_argument("--on-race", default="collect", choices=["collect", "warn", "raise"])
+    p.add_argument("--suppressions", metavar="FILE",
+                   help="silence known-safe findings: lines KIND:fun:GLOB or KIND:src:GLOB (default "
+                        "$NPU_LIFETIME_SUPPRESSIONS; see the README)")
+    p.add_argument("--allow-latent", action="store_true",
+                   help="let latent uncovered frees pass (no reuse raced with them in this run); a free only the "
+                        "shim's hold kept safe still fails")
     p.add_argument("--strict", action="store_true",
-                   help="fail on every contract violation: latent uncovered frees and live uncovered uses too")
+                   help="also fail on uses of storages still alive at the end that a free now would leave "
+                        "uncovered")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_check)

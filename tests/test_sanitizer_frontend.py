@@ -120,7 +120,8 @@ def test_json_form_of_findings():
     assert entry["kind"] == "uncovered_free" and entry["usage_stream"].startswith("sim stream")
     assert entry["last_use"]["op"] == "aten::mul" and entry["alloc_site"][0]["function"] == "buggy"
     assert entry["fix"] and entry["text"].startswith("[uncovered free, latent]")
-    assert entry["actual"] is False and entry["fails"] is False and entry["count"] == 1
+    # latent is the diagnosis; the verdict is the contract's: it fails
+    assert entry["actual"] is False and entry["fails"] is True and entry["count"] == 1
     assert "not reused" in entry["latent_reasons"][0]["reason"]
     assert "sim stream" in entry["fix"] and "(0, " not in entry["fix"]  # named, not raw keys
 

@@ -152,7 +152,8 @@ class ReuseOutcome:
             return (f"the memory was reused, and the new owner's accesses were ordered after the use: "
                     f"{name(self.safe_reuse.stream)} had waited for the use's stream (wait_stream / wait_event)")
         if self.held_by_allocator:
-            return "the allocator holds the memory until the use is done (told by the sanitizer: note_use)"
+            return ("only the shim's protection: told of the use by the sanitizer (note_use), it held the block "
+                    "until the use was done; the framework's own caching allocator would not (this is not safe)")
         if self.host_synced:
             return "the host synchronised past the use before any reuse could race with it"
         if self.forgotten:

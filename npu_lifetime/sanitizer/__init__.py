@@ -7,7 +7,8 @@ simulated device on CPU).
     print(san.report(san.flush()))
 
 ``NPU_LIFETIME_SANITIZER=1`` (or ``=cuda`` / ``=npu`` / ``=sim``) enables one
-for the whole process when ``npu_lifetime.sanitizer`` is imported.  Several
+for the whole process when ``npu_lifetime.sanitizer`` is imported; at exit
+it reports, and findings that fail the check make the exit status 1.  Several
 sanitizers may be enabled at once (nested blocks, a process sanitizer and a
 test's): each sees every event.
 
@@ -55,10 +56,51 @@ def process_sanitizer() -> Optional[LifetimeSanitizer]:
 
 
 def _enable_from_environment() -> None:
+    """``NPU_LIFETIME_SANITIZER=1|cuda|npu|sim``: a process-wide sanitizer.
+    Races raise at the access (``DataRaceError``); at exit every finding is
+    reported on stderr and, if any fails the check (every race and uncovered
+    free unless silenced by ``NPU_LIFETIME_SUPPRESSIONS=FILE`` or
+    ``NPU_LIFETIME_ALLOW_LATENT=1``), the process exits with status
+    ``NPU_LIFETIME_EXITCODE`` (default 1; 0 only reports)."""
     value = os.environ.get("NPU_LIFETIME_SANITIZER", "").strip().lower()
     if value in ("", "0", "false", "off"):
         return
-    enable_lifetime_sanitizer("cuda" if value in ("1", "true", "on") else value)
+    from .suppressions import from_environment
+
+    allow_latent = os.environ.get("NPU_LIFETIME_ALLOW_LATENT", "").strip().lower() in ("1", "true", "on", "yes")
+    enable_lifetime_sanitizer("cuda" if value in ("1", "true", "on") else value,
+                              allow_latent=allow_latent, suppressions=from_environment())
+    import atexit
+
+    atexit.register(_report_at_exit)
+
+
+def _report_at_exit() -> None:
+    """Runs last among the exit handlers registered after the sanitizer's
+    import: reports, and exits non-zero when findings fail the check."""
+    import gc
+    import sys
+
+    sanitizer = _process_sanitizer
+    if sanitizer is None:
+        return
+    gc.collect()
+    findings = [f for f in sanitizer.flush() if not getattr(f, "live", False)]
+    sanitizer.disable()
+    if not findings:
+        return
+    failing = sanitizer.failing(findings)
+    print(sanitizer.report(findings), file=sys.stderr)
+    try:
+        code = int(os.environ.get("NPU_LIFETIME_EXITCODE", "1"))
+    except ValueError:
+        code = 1
+    if failing and code:
+        print(f"npu_lifetime: {len(failing)} finding(s) fail the check: exit status {code} "
+              "(NPU_LIFETIME_EXITCODE=0 only reports)", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 __all__ = [

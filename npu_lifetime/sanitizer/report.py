@@ -1,16 +1,18 @@
 """Reports a person can act on: where the storage was allocated, the
 offending access or use (op, arguments, stream, site), the free, what made a
 latent free safe so far, and the call that fixes it, with streams named as
-the program knows them.  Findings that fail the check come first; latent
-ones (contract violations that did not corrupt in this run) after them."""
+the program knows them.  Findings that fail the check come first; those
+silenced explicitly (suppressions, ``--allow-latent``) and live storages'
+uses after them, each saying why it does not fail."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 from ..lifetime import (
     DataRace, InvalidFree, ReuseRace, UncoveredFree, UnrecordedEventWait, UseAfterFree, finding_to_json,
 )
-from .reporting import GroupInfo
+from .reporting import DEFAULT, GroupInfo, Policy
 
 Namer = Callable[[tuple], str]
 InfoOf = Callable[[object], GroupInfo]
@@ -116,30 +118,41 @@ def format_finding(f, name: Namer, info: GroupInfo) -> str:
     return "\n".join(_other(f, name, info))
 
 
-def format_findings(findings: list, name: Namer, info_of: InfoOf, strict: bool = False) -> str:
+def format_findings(findings: list, name: Namer, info_of: InfoOf, policy: Policy = DEFAULT) -> str:
     if not findings:
         return "npu_lifetime: no findings"
-    failing = [f for f in findings if info_of(f).fails(f, strict)]
-    latent = [f for f in findings if not info_of(f).fails(f, strict)]
-    head = (f"npu_lifetime: {len(findings)} finding(s): {len(failing)} fail the check"
-            f"{' (strict: every contract violation fails)' if strict else ''}, {len(latent)} latent")
+    verdicts = [(f, info_of(f)) for f in findings]
+    verdicts = [(f, info, *policy.verdict(f, info)) for f, info in verdicts]
+    failing = [(f, info) for f, info, fails, _ in verdicts if fails]
+    passing = [(f, info, why) for f, info, fails, why in verdicts if not fails]
+    head = f"npu_lifetime: {len(findings)} finding(s): {len(failing)} fail the check"
+    if passing:
+        counts = Counter(why.split(" by ")[0] if why.startswith("suppressed") else why for _, _, why in passing)
+        head += ", " + ", ".join(f"{n} {_PASSING[why]}" for why, n in counts.items())
     parts = [head]
-    if failing:
-        parts += [format_finding(f, name, info_of(f)) for f in failing]
-    if latent:
+    parts += [format_finding(f, name, info) for f, info in failing]
+    if passing:
         parts.append(
-            "--- latent: uncovered frees no reuse raced with in this run, and uses of live storages a "
-            "free now would leave uncovered; they break the contract but corrupted nothing here "
-            "(--strict / strict=True fails on them) ---"
+            "--- not failing: silenced explicitly (suppressions, --allow-latent), or uses of storages still alive "
+            "at the end that a free now would leave uncovered (--strict fails on those) ---"
         )
-        parts += [format_finding(f, name, info_of(f)) for f in latent]
+        parts += [format_finding(f, name, info) + f"\n  not failing:   {why}" for f, info, why in passing]
     return "\n\n".join(parts)
 
 
-def to_json(findings: list, name: Namer, info_of: InfoOf, strict: bool = False) -> list:
+_PASSING = {
+    "suppressed": "suppressed",
+    "latent (allowed: --allow-latent)": "latent allowed (--allow-latent)",
+    "live": "live (still alive: not freed)",
+    "no-op wait": "no-op waits",
+}
+
+
+def to_json(findings: list, name: Namer, info_of: InfoOf, policy: Policy = DEFAULT) -> list:
     out = []
     for f in findings:
         info = info_of(f)
+        fails, why_not = policy.verdict(f, info)
         entry = finding_to_json(f, name)
         for key in ("alloc_stream", "usage_stream", "stream"):
             if isinstance(getattr(f, key, None), tuple):
@@ -149,7 +162,9 @@ def to_json(findings: list, name: Namer, info_of: InfoOf, strict: bool = False) 
             if acc is not None:
                 entry[key]["stream"] = name(acc.stream)
         entry["count"] = info.count
-        entry["fails"] = info.fails(f, strict)
+        entry["fails"] = fails
+        if not fails:
+            entry["not_failing"] = why_not
         if isinstance(f, UncoveredFree):
             entry["actual"] = info.actual
             entry["latent_reasons"] = [{"reason": r, "frees": n} for r, n in info.reasons]

@@ -36,7 +36,7 @@ class CheckError(Exception):
 @dataclass
 class CheckResult:
     findings: list
-    failing: list  # those that fail the check (every finding under strict)
+    failing: list  # those that fail the check (every race and uncovered free unless silenced explicitly)
     report: str
     json: list
     script_failed: bool
@@ -58,23 +58,35 @@ def check_script(
     live: bool = True,
     on_race: str = "collect",
     strict: bool = False,
+    allow_latent: bool = False,
+    suppressions: Optional[str] = None,
 ) -> CheckResult:
     """Runs ``script`` under a sanitizer.  Exit code 1 when findings fail
-    the check (races, reuse races, actual uncovered frees, invalid frees...;
-    with ``strict`` also latent uncovered frees and live uncovered uses)."""
+    the check: every race and every uncovered free, latent or actual,
+    invalid frees and uses after free, unless silenced explicitly (the
+    ``suppressions`` file, default ``$NPU_LIFETIME_SUPPRESSIONS``;
+    ``allow_latent``); with ``strict`` also live storages' uncovered uses."""
+    import os
+
     from .. import user_script
     from . import DeviceUnavailable, LifetimeSanitizer
+    from .suppressions import Suppressions, SuppressionsError
 
     try:
         user_script.check_path(script)
     except user_script.ScriptPathError as err:
+        raise CheckError(str(err)) from None
+    try:
+        rules = Suppressions.load(suppressions or os.environ.get("NPU_LIFETIME_SUPPRESSIONS") or None)
+    except SuppressionsError as err:
         raise CheckError(str(err)) from None
     device = resolve_device(device)
     if shim and device not in ("cuda", "npu"):
         raise CheckError(f"--shim installs the allocator shim for cuda or npu; the device here is {device!r} "
                          "(the simulated device's CPU tensors are not the shim's)")
     try:
-        sanitizer = LifetimeSanitizer(device, on_race=on_race, warn_on_free=False, strict=strict)
+        sanitizer = LifetimeSanitizer(device, on_race=on_race, warn_on_free=False, strict=strict,
+                                      allow_latent=allow_latent, suppressions=rules)
     except DeviceUnavailable as err:
         raise CheckError(str(err)) from None
     if shim:
@@ -89,7 +101,10 @@ def check_script(
     try:
         ending = user_script.run(script, args, keep=kept)
     finally:
-        gc.collect()
+        from . import sites
+
+        with sites.phase("after the script ended (the garbage collector ran before the report)"):
+            gc.collect()
         findings = sanitizer.flush()
         sanitizer.disable()
         kept.clear()

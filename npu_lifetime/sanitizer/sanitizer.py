@@ -22,9 +22,10 @@ from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree
 from . import dispatch, report, sites
 from .backends import Backend, backend_for
 from .hub import current_frame
-from .reporting import ON_RACE, Findings, GroupInfo, live_info
+from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
 from .storages import StorageTable
+from .suppressions import Suppressions
 
 
 class LifetimeWarning(UserWarning):
@@ -48,8 +49,15 @@ class LifetimeSanitizer:
 
     ``on_race``: ``raise`` (``DataRaceError``, like CSAN), ``warn``
     (``LifetimeWarning``) or ``collect``, for each new race.  ``warn_on_free``
-    warns at each new uncovered free.  ``strict``: every contract violation
-    fails a check (``failing``), latent uncovered frees included.
+    warns at each new uncovered free.
+
+    What fails a check (``failing``): every race and every uncovered free,
+    latent or actual (the classification is the diagnosis), invalid frees
+    and uses after free; silenced only explicitly: ``suppressions`` (a
+    ``Suppressions``, or the path of a suppressions file), and
+    ``allow_latent`` for latent frees (never those only the allocator's
+    hold kept safe).  ``strict`` also fails live storages' uses that a free
+    now would leave uncovered.
     """
 
     def __init__(
@@ -59,6 +67,8 @@ class LifetimeSanitizer:
         warn_on_free: bool = True,
         stack_depth: int = 8,
         strict: bool = False,
+        allow_latent: bool = False,
+        suppressions=None,
     ) -> None:
         if on_race not in ON_RACE:
             raise ValueError(f"on_race must be one of {ON_RACE}, not {on_race!r}")
@@ -67,7 +77,9 @@ class LifetimeSanitizer:
         self.on_race = on_race
         self.warn_on_free = warn_on_free
         self.stack_depth = stack_depth
-        self.strict = strict
+        if suppressions is None or isinstance(suppressions, str):
+            suppressions = Suppressions.load(suppressions)
+        self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
         self.model = LifetimeModel(retain=False, remember_frees=0)
         self.storages = StorageTable(self.model, self.backend, self._free)
@@ -143,29 +155,44 @@ class LifetimeSanitizer:
     def count(self, finding) -> int:
         return self.info(finding).count
 
+    @property
+    def strict(self) -> bool:
+        return self.policy.strict
+
     def failing(self, findings: list) -> list:
-        """Those of ``findings`` that fail the check (all with ``strict``)."""
-        return [f for f in findings if self.info(f).fails(f, self.strict)]
+        """Those of ``findings`` that fail the check (see ``Policy``)."""
+        return [f for f in findings if self.info(f).fails(f, self.policy)]
+
+    def verdict(self, finding) -> tuple:
+        """``(fails, why not)`` for ``finding`` (see ``Policy.verdict``)."""
+        return self.policy.verdict(finding, self.info(finding))
 
     def summary(self, findings: list, reports: int = 5) -> dict:
         """A JSON-ready summary of ``findings``: counts by kind (occurrences
         included), those that fail the check, the reasons the latent ones
-        are latent, and the first ``reports`` reports."""
+        are latent, those silenced (and why), and the first ``reports``
+        reports (failing findings first)."""
         from collections import Counter
 
-        kinds, failing, reasons = Counter(), Counter(), Counter()
+        kinds, failing, reasons, silenced = Counter(), Counter(), Counter(), Counter()
+        failing_findings = []
         for f in findings:
             info = self.info(f)
             kinds[f.kind] += info.count
-            if info.fails(f, self.strict):
+            fails, why_not = self.policy.verdict(f, info)
+            if fails:
                 failing[f.kind] += info.count
-            elif isinstance(f, UncoveredFree):
+                failing_findings.append(f)
+            else:
+                silenced[why_not] += info.count
+            if isinstance(f, UncoveredFree) and not info.actual:
                 for reason, n in info.reasons or (("still alive", 1),):
                     reasons[reason] += n
+        others = [f for f in findings if all(f is not g for g in failing_findings)]
         return {
             "findings": dict(kinds), "failing": dict(failing), "latent_reasons": dict(reasons),
-            "reports": [self.report([f]) for f in self.failing(findings)[:reports]]
-            + [self.report([f]) for f in findings if f not in self.failing(findings)][: max(0, reports - len(failing))],
+            "silenced": dict(silenced),
+            "reports": [self.report([f]) for f in (failing_findings + others)[:reports]],
         }
 
     def describe(self, stream_key) -> str:
@@ -173,11 +200,11 @@ class LifetimeSanitizer:
 
     def report(self, findings: Optional[list] = None) -> str:
         return report.format_findings(self.findings if findings is None else findings,
-                                      self.describe, self.info, self.strict)
+                                      self.describe, self.info, self.policy)
 
     def to_json(self, findings: Optional[list] = None) -> list:
         return report.to_json(self.findings if findings is None else findings,
-                              self.describe, self.info, self.strict)
+                              self.describe, self.info, self.policy)
 
     # -- ops, from the dispatch mode ----------------------------------------------------
     def apply_op(self, feed: list, site, op_name: str) -> Optional[Exception]:
@@ -335,6 +362,7 @@ class LifetimeSanitizer:
     def allocator_holds(self, free: UncoveredFree) -> None:
         with self._lock:
             self.model.allocator_holds(free)
+            self._findings.mark_held(free)
 
     def on_record_stream_ptr(self, address, key) -> None:
         with self._lock:

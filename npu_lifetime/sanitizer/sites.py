@@ -9,10 +9,12 @@ torch and this package (user code called back from torch, e.g. a module's
 (a test runner, ``runpy``, a launcher) once a user frame was found."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
 import sysconfig
+import threading
 from typing import Optional
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +25,10 @@ _PASS_THROUGH_PACKAGES = ("torch", "functorch")
 _RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "hypothesis", "_hypothesis_pytestplugin")
 _INTERNAL: Optional[tuple] = None
 _RUNNERS: Optional[tuple] = None
-_USER, _PASS, _RUNNER = 0, 1, 2
+_USER, _PASS, _RUNNER, _LIBRARY = 0, 1, 2, 3
+_LIBRARY_FRAMES = 8  # innermost library (torch) frames kept per site: suppressions match them
+_LIBRARY_NOISE = ("_ops.py", "_python_dispatch.py", "_compile.py", "eval_frame.py", "_jit_internal.py")
+_LIBRARIES: Optional[tuple] = None
 
 
 def _package_dir(name: str) -> Optional[str]:
@@ -37,8 +42,10 @@ def _package_dir(name: str) -> Optional[str]:
 def _classify(filename: str) -> int:
     """User code, code it runs inside (this package, torch, the standard
     library: weakref finalizers, contextlib), or code that runs it (test
-    runners, ``runpy``, console-script launchers such as ``npu-lifetime``)."""
-    global _INTERNAL, _RUNNERS
+    runners, ``runpy``, console-script launchers such as ``npu-lifetime``).
+    Library code (torch) is passed through like this package's, but its
+    innermost frames are kept apart for suppressions and reports."""
+    global _INTERNAL, _RUNNERS, _LIBRARIES
     if _INTERNAL is None:
         paths = sysconfig.get_paths()
         stdlib = paths["stdlib"] + os.sep
@@ -46,11 +53,14 @@ def _classify(filename: str) -> int:
                     os.path.join(_PACKAGE_DIR, "cli.py"), os.path.join(_PACKAGE_DIR, "sanitizer", "runner.py"),
                     os.path.join(_PACKAGE_DIR, "user_script.py"),
                     *filter(None, map(_package_dir, _RUNNER_PACKAGES)))
-        _INTERNAL = (_PACKAGE_DIR + os.sep, stdlib, *filter(None, map(_package_dir, _PASS_THROUGH_PACKAGES)))
+        _LIBRARIES = tuple(filter(None, map(_package_dir, _PASS_THROUGH_PACKAGES)))
+        _INTERNAL = (_PACKAGE_DIR + os.sep, stdlib, *_LIBRARIES)
     if filename.startswith(_RUNNERS) or filename == "<frozen runpy>":
         return _RUNNER
     if filename == _DEMO:  # the built-in demo stands for the user's program
         return _USER
+    if filename.startswith(_LIBRARIES) and not filename.endswith(_LIBRARY_NOISE):
+        return _LIBRARY
     if filename.startswith("<") or filename.startswith(_INTERNAL):
         return _PASS
     return _USER
@@ -60,21 +70,60 @@ def _internal(filename: str) -> bool:
     return _classify(filename) != _USER
 
 
+_phase = threading.local()
+
+
+@contextlib.contextmanager
+def phase(description: str):
+    """What the program is doing when no user frame is on the stack (e.g.
+    "after the script ended: the garbage collector ran before the
+    report"): frees captured inside this block say so."""
+    outer = getattr(_phase, "text", None)
+    _phase.text = description
+    try:
+        yield
+    finally:
+        _phase.text = outer
+
+
+def _frameless_context(library: tuple) -> str:
+    """Why a capture found no user frame, as truthfully as can be told."""
+    text = getattr(_phase, "text", None)
+    if text:
+        where = text
+    elif sys.is_finalizing():
+        where = "at interpreter exit"
+    elif threading.current_thread() is not threading.main_thread():
+        where = f"on thread {threading.current_thread().name!r}, which runs no user code (e.g. autograd's engine)"
+    else:
+        where = "run by the interpreter, not by a line of the program (a destructor or the garbage collector)"
+    if library:
+        code, line = library[0]
+        where += f"; innermost library frame {code.co_name} ({os.path.basename(code.co_filename)}:{line})"
+    return where
+
+
 class Site:
-    """The user frames (innermost first) above the point of capture."""
+    """The user frames (innermost first) above the point of capture, and the
+    innermost library (torch) frames below them."""
 
-    __slots__ = ("frames",)
+    __slots__ = ("frames", "library", "context")
 
-    def __init__(self, frames: tuple) -> None:
+    def __init__(self, frames: tuple, library: tuple = (), context: str = "") -> None:
         self.frames = frames  # ((code, lineno), ...)
+        self.library = library  # ((code, lineno), ...): torch's, innermost first
+        self.context = context  # with no user frame: why (thread, interpreter exit, ...)
 
     def user_frames(self) -> list:
         return [(code.co_filename, line, code.co_name) for code, line in self.frames]
 
+    def library_frames(self) -> list:
+        return [(code.co_filename, line, code.co_name) for code, line in self.library]
+
     def innermost(self) -> str:
         frames = self.user_frames()
         if not frames:
-            return "<no user frame: called from C++, e.g. the autograd engine's thread>"
+            return f"<no user frame: {self.context or 'called from C++'}>"
         filename, line, name = frames[0]
         return f"{filename}:{line} in {name}"
 
@@ -123,7 +172,9 @@ UNTRACKED = Untracked()
 def key(site) -> object:
     """What identifies a site for grouping findings (equal captures at the
     same code location compare equal)."""
-    return site.frames if isinstance(site, Site) else site
+    if isinstance(site, Site):
+        return site.frames or site.library
+    return site
 
 
 _kind_of: dict = {}  # code object -> _USER, _PASS or _RUNNER
@@ -132,11 +183,13 @@ _MAX_WALK = 128  # frames looked at, at most
 
 def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
     """The innermost ``depth`` user frames above the caller's ``skip``-th
-    frame, up to the code that runs the user's."""
+    frame, up to the code that runs the user's; and the library frames
+    between the capture and the first user frame (at most 8)."""
     if depth <= 0:
         return None
     frame = sys._getframe(skip)
     frames = []
+    library = []
     append = frames.append
     kind_of = _kind_of
     walked = 0
@@ -149,8 +202,13 @@ def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
             append((code, frame.f_lineno))
             if len(frames) == depth:
                 break
+        elif kind == _LIBRARY:
+            if not frames and len(library) < _LIBRARY_FRAMES:
+                library.append((code, frame.f_lineno))
         elif kind == _RUNNER and frames:
             break
         frame = frame.f_back
         walked += 1
-    return Site(tuple(frames))
+    if not frames:
+        return Site((), tuple(library), _frameless_context(tuple(library)))
+    return Site(tuple(frames), tuple(library))
