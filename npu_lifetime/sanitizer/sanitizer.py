@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree
+from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree, UnrecordedEventWait
 from . import dispatch, report, sites
 from .backends import Backend, backend_for
 from .hub import current_frame
@@ -398,8 +398,13 @@ class LifetimeSanitizer:
 
     # -- announcing ---------------------------------------------------------------------
     def _keep(self, found: list) -> None:
+        """Retains ``found``; a wait on an event never recorded is a no-op on
+        the device (CUDA and CANN complete it at once, CSAN reports
+        nothing): it orders nothing and is not a finding."""
         if found:
-            self._findings.add(found)
+            found = [f for f in found if not isinstance(f, UnrecordedEventWait)]
+            if found:
+                self._findings.add(found)
 
     def _announce_races(self, new: list) -> Optional[Exception]:
         races = [f for f in new if isinstance(f, (DataRace, ReuseRace))]

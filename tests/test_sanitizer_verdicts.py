@@ -1,0 +1,84 @@
+"""Wrong verdicts listed in issue 17 ("Where it stands"), each reproduced on
+the simulated device: every test here failed before its fix (see the commit
+that added it)."""
+import gc
+import textwrap
+
+import torch
+
+import npu_lifetime
+from npu_lifetime import simdevice as sd
+from npu_lifetime.cli import main
+from npu_lifetime.sanitizer import LifetimeSanitizer
+
+
+def sanitizer(**options):
+    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False, **options)
+
+
+def kinds(findings):
+    return sorted(f.kind for f in findings)
+
+
+def write(tmp_path, body, name="prog.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+# -- waits on events never recorded -------------------------------------------------------------------------------
+def test_waiting_on_an_event_never_recorded_is_a_no_op_not_a_finding():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        event = sd.Event()
+        side.wait_event(event)  # completes at once on the device: orders nothing
+        event.synchronize()     # likewise for the host
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.sum()
+        npu_lifetime.record_use(x, side)
+        del x
+        gc.collect()
+    assert san.flush() == []
+
+
+def test_an_unrecorded_wait_orders_nothing():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        event = sd.Event()
+        x = torch.ones(8)
+        sd.default_stream().wait_event(event)  # a no-op: does not order side's later write
+        with sd.stream(side):
+            x.add_(1)  # races with the allocation on the default stream
+        npu_lifetime.record_use(x, side)
+        del x
+        gc.collect()
+    assert kinds(san.flush()) == ["data_race"]
+
+
+def test_a_pipeline_whose_first_iteration_waits_on_an_unrecorded_event_passes_check(tmp_path, capsys):
+    """A pipeline whose first iteration waits on an event not recorded yet:
+    the wait completes at once (CUDA) and CSAN reports nothing."""
+    path = write(tmp_path, """
+        import torch
+        import npu_lifetime
+        from npu_lifetime import simdevice as sd
+
+        side = sd.Stream()
+        done = sd.Event()
+        buffers = []
+        for step in range(3):
+            side.wait_event(done)          # first iteration: never recorded yet, a no-op
+            with sd.stream(side):
+                b = torch.ones(64) * step  # produced on side
+            done.record(side)
+            sd.default_stream().wait_event(done)
+            buffers.append(b.sum())        # consumed on main, after the wait
+            npu_lifetime.record_use(b, sd.default_stream())  # its free waits for that use
+        sd.synchronize()
+    """)
+    assert main(["check", "--device", "sim", path]) == 0, capsys.readouterr().out
+    assert "no findings" in capsys.readouterr().out
