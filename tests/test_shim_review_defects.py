@@ -58,3 +58,38 @@ def test_d1_a_record_use_whose_event_fails_falls_back_to_record_stream(sim_shim)
     sim_shim.sim.complete(S2)
     assert sim_shim.alloc(4096, 0, S1) == p
     check_invariants()
+
+
+# ---- D2: releasing a graph pool gives back only that pool's memory -------------------------------------
+
+POOL = (7, 0)
+
+
+def _capture_one(shim, size, pool=POOL, stream=S1):
+    shim.begin_allocate_to_pool(0, pool, stream)
+    shim.sim.set_capturing(stream, True)
+    p = shim.alloc(size, 0, stream)
+    shim.sim.set_capturing(stream, False)
+    shim.end_allocate_to_pool(0, pool)
+    return p
+
+
+def test_d2_releasing_a_graph_pool_keeps_the_eager_cache(sim_shim):
+    eager = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(eager, 4096, 0, S1)  # a cached eager segment
+    other = _capture_one(sim_shim, 4096, pool=(8, 0))  # another graph's pool, released, its block still live
+    sim_shim.release_pool(0, (8, 0))
+    graph = _capture_one(sim_shim, 4096)
+    s = sim_shim.stats()
+    segments, frees = s["segment.all.current"], s["num_device_free"]
+    assert (segments, frees) == (3, 0)
+    sim_shim.release_pool(0, POOL)  # its block is live: nothing of its own to give back
+    # before: the eager segment went too (release_pool freed every free segment of the device)
+    assert sim_shim.stats()["num_device_free"] == 0
+    sim_shim.free(graph, 4096, 0, S1)  # the released pool's last block: its segment goes, only it
+    s = sim_shim.stats()
+    assert (s["segment.all.current"], s["num_device_free"]) == (2, 1)
+    assert sim_shim.alloc(4096, 0, S1) == eager  # the eager cache is intact
+    sim_shim.free(other, 4096, 0, S1)
+    assert sim_shim.stats()["num_device_free"] == 2
+    check_invariants()

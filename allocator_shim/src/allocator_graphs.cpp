@@ -23,7 +23,7 @@ void CachingAllocator::release_pool(int device, PoolId id) {
         unknown_pool("release_pool", device, id);
         return;
     }
-    if (graph_pools_.release(device, id) && rt_ != nullptr) release_free_segments(device, false);
+    if (graph_pools_.release(device, id) && rt_ != nullptr) release_pool_segments(device, id);
 }
 
 void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {

@@ -527,8 +527,10 @@ void CachingAllocator::cache_block(Block* b) {
         pool_insert(b);
     }
     if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
-    // a released graph pool gives its segments back as they become free
-    if (b->prev == nullptr && b->next == nullptr && b->held.empty()) release_free_segments(b->device, false);
+    // a released graph pool gives its segments back as they become free: this one
+    if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !graph_pools_.any_capture_underway()) {
+        release_segment(segments_.find(b->segment->base));
+    }
 }
 
 // ---- free and validation ---------------------------------------------------

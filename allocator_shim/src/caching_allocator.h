@@ -157,6 +157,8 @@ class CachingAllocator {
 
     // segments
     void release_free_segments(int device, bool any_device);
+    void release_pool_segments(int device, PoolId id);
+    std::map<char*, Segment*>::iterator release_segment(std::map<char*, Segment*>::iterator it);
     bool segment_releasable(const Segment* seg) const;
 
     void runtime_error(const char* op, int code, const Block* b, Stream stream);

@@ -1,6 +1,7 @@
 // The out-of-memory path, the memory fraction, and giving segments back.
 #include <cinttypes>
 #include <cstdio>
+#include <iterator>
 
 #include "caching_allocator.h"
 
@@ -143,27 +144,41 @@ void CachingAllocator::release_free_segments(int device, bool any_device) {
     if (graph_pools_.any_capture_underway()) return;
     for (auto it = segments_.begin(); it != segments_.end();) {
         Segment* seg = it->second;
-        if ((!any_device && seg->device != device) || !segment_releasable(seg)) {
-            ++it;
-            continue;
-        }
-        Block* b = seg->first;
-        int code = 0;
-        if (rt_->free(seg->base, seg->device, &code) != Status::ok) {
-            runtime_error("free", code, b, nullptr);
-            ++it;
-            continue;
-        }
-        trace(TraceKind::segment_free, b, nullptr);
-        pool_erase(b);
-        recycle_block(b);
-        DeviceStats& st = dstats(seg->device);
-        st.add(StatId::segment, seg->small, -1);
-        st.add(StatId::reserved_bytes, seg->small, -static_cast<int64_t>(seg->size));
-        st.count(CounterId::num_device_free);
-        it = segments_.erase(it);
-        delete seg;
+        bool mine = any_device || seg->device == device;
+        it = mine && segment_releasable(seg) ? release_segment(it) : std::next(it);
     }
+}
+
+// Gives back the fully free segments of one graph pool, and nothing else:
+// its other segments go as their last blocks are freed (cache_block).
+void CachingAllocator::release_pool_segments(int device, PoolId id) {
+    if (graph_pools_.any_capture_underway()) return;
+    for (auto it = segments_.begin(); it != segments_.end();) {
+        Segment* seg = it->second;
+        bool mine = seg->device == device && seg->pool_id == id;
+        it = mine && segment_releasable(seg) ? release_segment(it) : std::next(it);
+    }
+}
+
+// Frees one fully free segment to the runtime; the iterator after it (the
+// segment stays, and a finding says why, if the runtime refuses).
+std::map<char*, Segment*>::iterator CachingAllocator::release_segment(std::map<char*, Segment*>::iterator it) {
+    Segment* seg = it->second;
+    Block* b = seg->first;
+    int code = 0;
+    if (rt_->free(seg->base, seg->device, &code) != Status::ok) {
+        runtime_error("free", code, b, nullptr);
+        return std::next(it);
+    }
+    trace(TraceKind::segment_free, b, nullptr);
+    pool_erase(b);
+    recycle_block(b);
+    DeviceStats& st = dstats(seg->device);
+    st.add(StatId::segment, seg->small, -1);
+    st.add(StatId::reserved_bytes, seg->small, -static_cast<int64_t>(seg->size));
+    st.count(CounterId::num_device_free);
+    delete seg;
+    return segments_.erase(it);
 }
 
 void CachingAllocator::empty_cache() {
