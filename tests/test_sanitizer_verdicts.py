@@ -4,6 +4,7 @@ that added it)."""
 import gc
 import textwrap
 
+import pytest
 import torch
 
 import npu_lifetime
@@ -82,3 +83,30 @@ def test_a_pipeline_whose_first_iteration_waits_on_an_unrecorded_event_passes_ch
     """)
     assert main(["check", "--device", "sim", path]) == 0, capsys.readouterr().out
     assert "no findings" in capsys.readouterr().out
+# -- constructors that read only their input's metadata -------------------------------------------------------------
+CONSTRUCTORS = {
+    "zeros_like": torch.zeros_like, "ones_like": torch.ones_like, "full_like": lambda t: torch.full_like(t, 2.0),
+    "randn_like": torch.randn_like, "rand_like": torch.rand_like, "randint_like": lambda t: torch.randint_like(t, 9),
+    "empty_like": torch.empty_like, "new_zeros": lambda t: t.new_zeros(3), "new_ones": lambda t: t.new_ones(3),
+    "new_full": lambda t: t.new_full((3,), 1.0), "new_empty": lambda t: t.new_empty(3),
+}
+
+
+@pytest.mark.parametrize("make", CONSTRUCTORS.values(), ids=CONSTRUCTORS.keys())
+def test_like_and_new_constructors_do_not_read_their_input(make):
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.mul_(2)  # written on side
+        npu_lifetime.record_use(x, side)
+        y = make(x)  # on the default stream: x's shape and dtype only, no race with side's write
+        with sd.stream(side):
+            z = make(x)  # on side: reads nothing of x, so x's free needs no hand-off for it
+        del x, y, z
+        gc.collect()
+    assert san.flush() == []
+
+

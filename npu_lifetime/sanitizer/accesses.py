@@ -9,7 +9,8 @@
 * A fresh output (no alias annotation) is written; an aliased output is the
   same storage as an input, already counted.
 * ``empty``-like factories write nothing: their fresh output is only
-  allocated.
+  allocated.  ``*_like`` and ``new_*`` constructors read nothing of their
+  ``self`` (its shape, dtype and device only).
 * c10d collectives write and read the arguments their semantics say
   (``collectives.py``), not what their schemas' annotations say.
 
@@ -28,6 +29,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import collectives
 
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
+# constructors that take only their input's shape, dtype and device: zeros_like, randn_like, new_full...
+_METADATA_INPUT = re.compile(r"^aten::(\w+_like|new_\w+|is_strides_like_format)$")
 _READ, _WRITE, _SKIP = False, True, None
 
 
@@ -101,9 +104,11 @@ def _make_plan(func) -> Plan:
         return Plan(arguments, {name: mode for _, name, mode in arguments}, (), False, True, True)
     if torch.Tag.inplace_view in func.tags:
         return Plan((), {}, (), False, False, False)  # shape and strides only
+    metadata_only = "self" if _METADATA_INPUT.match(schema.name) else None
     arguments = tuple(
         (i, a.name, a.alias_info is not None) for i, a in tensor_args
-        if a.alias_info is None or a.alias_info.is_write  # an alias without a write is a view: no data
+        if (a.alias_info is None or a.alias_info.is_write)  # an alias without a write is a view: no data
+        and a.name != metadata_only
     )
     fresh_returns = tuple(r.alias_info is None and _holds_tensors(r) for r in schema.returns)
     touches = bool(arguments) or any(fresh_returns)
