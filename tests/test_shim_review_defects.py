@@ -2,9 +2,9 @@
 D1-D11), each reproduced on the simulated runtime: every test here failed
 on the code before its fix (the commit that added it says how)."""
 import pytest
-from conftest import S1, S2
+from conftest import S1, S2, S3
 
-from shim_testing import check_invariants, sim_completed, sim_fail_next
+from shim_testing import check_invariants, sim_calls, sim_completed, sim_fail_next
 
 
 def kinds(shim):
@@ -92,4 +92,65 @@ def test_d2_releasing_a_graph_pool_keeps_the_eager_cache(sim_shim):
     assert sim_shim.alloc(4096, 0, S1) == eager  # the eager cache is intact
     sim_shim.free(other, 4096, 0, S1)
     assert sim_shim.stats()["num_device_free"] == 2
+    check_invariants()
+
+
+# ---- D3: per-stream event FIFOs, polled head-first ---------------------------------------------------
+
+@pytest.mark.parametrize("policy, call", [("poll", "record_use"), ("lazy_wait", "record_stream")])
+def test_d3_an_allocation_queries_the_head_of_each_stream_not_every_pending_event(sim_shim, policy, call):
+    sim_shim.set_policy(policy)
+    blocks = [sim_shim.alloc(4096, 0, S1) for _ in range(500)]
+    for p in blocks:
+        getattr(sim_shim, call)(p, S2)
+        sim_shim.free(p, 4096, 0, S1)  # pending, in S2's order
+    assert sim_shim.stats()["pending.all.current"] == 500
+    queries = sim_calls("event_query")
+    sim_shim.alloc(4096, 0, S1)
+    # before: 500 queries (every event of every pending block, at every allocation)
+    assert sim_calls("event_query") - queries == 1
+    sim_shim.sim.complete_to(S2, 200)  # S2 passed the first 200 events
+    queries = sim_calls("event_query")
+    sim_shim.process_events()
+    assert sim_calls("event_query") - queries == 201  # 200 that fired, then the first that has not
+    assert sim_shim.stats()["pending.all.current"] == 300
+    check_invariants()
+
+
+def test_d3_a_block_waiting_on_two_streams_leaves_when_both_fired_in_any_order(sim_shim):
+    a, b = sim_shim.alloc(4096, 0, S1), sim_shim.alloc(4096, 0, S1)
+    for p in (a, b):
+        sim_shim.record_use(p, S2)
+        sim_shim.record_use(p, S3)
+    sim_shim.free(a, 4096, 0, S1)
+    sim_shim.free(b, 4096, 0, S1)
+    sim_shim.sim.complete(S3)
+    sim_shim.process_events()
+    assert sim_shim.stats()["pending.all.current"] == 2
+    sim_shim.sim.complete(S2)
+    sim_shim.process_events()
+    assert sim_shim.stats()["pending.all.current"] == 0
+    check_invariants()
+
+
+def test_d3_events_enter_their_fifo_in_record_order_not_free_order(sim_shim):
+    early, late = sim_shim.alloc(4096, 0, S1), sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_use(early, S2)  # S2 position 1
+    sim_shim.record_use(late, S2)  # S2 position 2
+    sim_shim.free(late, 4096, 0, S1)
+    sim_shim.free(early, 4096, 0, S1)  # freed last, recorded first
+    sim_shim.sim.complete_to(S2, 1)
+    sim_shim.process_events()
+    assert sim_shim.stats()["pending.all.current"] == 1  # early left, though freed after late
+    check_invariants()
+
+
+def test_d3_a_policy_change_regates_what_is_pending(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_use(p, S2)
+    sim_shim.free(p, 4096, 0, S1)  # poll: pending on S2
+    sim_shim.set_policy("stream_wait")  # nothing gates any more: reusable behind a GPU-side wait
+    sim_shim.process_events()
+    assert sim_shim.stats()["pending.all.current"] == 0
+    assert sim_shim.alloc(4096, 0, S1) == p and sim_shim.sim.stream_waits(S1) == 1
     check_invariants()

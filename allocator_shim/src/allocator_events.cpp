@@ -1,6 +1,7 @@
 // The caching allocator's events: pooled per device, recorded, held by
 // freed blocks, polled, and waited on by the host on the out-of-memory path.
 #include <algorithm>
+#include <iterator>
 
 #include "caching_allocator.h"
 
@@ -88,21 +89,26 @@ void CachingAllocator::drop_fired_events_of_cached(int device) {
     }
 }
 
-// The host waits for every event a freed block of `device` holds.
+// The host waits for every event a freed block of `device` holds: in each
+// stream's FIFO the last such event (the stream runs in order), and the
+// events cached blocks carry.
 void CachingAllocator::synchronize_held_events(int device) {
-    auto wait_all = [&](Block* b) {
-        for (const HeldEvent& h : b->held) {
-            int code = 0;
-            if (rt_->event_synchronize(h.event, &code) != Status::ok) runtime_error("event_synchronize", code, b, h.stream);
-        }
+    auto wait = [&](Event e, const Block* b, Stream stream) {
+        int code = 0;
+        if (rt_->event_synchronize(e, &code) != Status::ok) runtime_error("event_synchronize", code, b, stream);
     };
-    for (Block* b : pending_) {
-        if (b->device == device) wait_all(b);
+    for (auto& entry : event_fifos_) {
+        const PendingEvent* last = nullptr;
+        for (const PendingEvent& pe : entry.second) {
+            if (pe.block->device == device) last = &pe;
+        }
+        if (last != nullptr) wait(last->event, last->block, entry.first);
     }
     for (auto& entry : segments_) {
         if (entry.second->device != device) continue;
         for (Block* b = entry.second->first; b != nullptr; b = b->next) {
-            if (b->state == BlockState::cached) wait_all(b);
+            if (b->state != BlockState::cached) continue;
+            for (const HeldEvent& h : b->held) wait(h.event, b, h.stream);
         }
     }
     dstats(device).count(CounterId::num_sync_all_streams);
@@ -115,22 +121,63 @@ void CachingAllocator::process_events() {
     process_events_locked();
 }
 
-// Pending blocks whose must-fire events fired leave for their pool (or the
-// quarantine).  Never while a capture is underway.
+// A block not ready for its pool waits in the FIFO of each stream it holds a
+// gating event of, kept in record order (nearly always an append).
+void CachingAllocator::enqueue_pending(Block* b) {
+    for (const HeldEvent& h : b->held) {
+        if (!gates(h)) continue;
+        std::deque<PendingEvent>& fifo = event_fifos_[h.stream];
+        auto at = fifo.end();
+        while (at != fifo.begin() && std::prev(at)->seq > h.seq) --at;
+        fifo.insert(at, PendingEvent{h.event, b, h.seq});
+        b->gates++;
+    }
+}
+
+// Polls each stream's FIFO head-first, stopping at the first event that has
+// not fired (the later ones on that stream were recorded after it); a block
+// whose gating events all fired leaves for its pool (or the quarantine).
+// Never while a capture is underway.
 void CachingAllocator::process_events_locked() {
     if (graph_pools_.any_capture_underway()) return;
     std::vector<Block*> ready;
-    auto still_pending = pending_.begin();
-    for (Block* b : pending_) {
-        drop_fired_events(b);
-        if (ready_for_pool(b)) {
-            ready.push_back(b);
-        } else {
-            *still_pending++ = b;
+    for (auto& entry : event_fifos_) {
+        std::deque<PendingEvent>& fifo = entry.second;
+        while (!fifo.empty()) {
+            const PendingEvent head = fifo.front();
+            int code = 0;
+            Status s = rt_->event_query(head.event, &code);
+            if (s != Status::ok) {
+                if (s != Status::not_ready) runtime_error("event_query", code, head.block, entry.first);
+                break;
+            }
+            fifo.pop_front();
+            Block* b = head.block;
+            for (auto h = b->held.begin(); h != b->held.end(); ++h) {
+                if (h->event != head.event) continue;
+                release_event(h->event, h->device);
+                b->held.erase(h);
+                break;
+            }
+            if (--b->gates == 0) ready.push_back(b);
         }
     }
-    pending_.erase(still_pending, pending_.end());
     for (Block* b : ready) settle(b);
+}
+
+// After a policy or debug-mode change: which events gate a pending block
+// changed, so every pending block is settled again.
+void CachingAllocator::regate_pending() {
+    std::vector<Block*> blocks;
+    for (auto& entry : event_fifos_) {
+        for (const PendingEvent& pe : entry.second) {
+            if (pe.block->gates == 0) continue;  // seen already
+            pe.block->gates = 0;
+            blocks.push_back(pe.block);
+        }
+        entry.second.clear();
+    }
+    for (Block* b : blocks) settle(b);
 }
 
 // Frees made during a capture get their events now that none is underway.

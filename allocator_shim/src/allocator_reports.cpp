@@ -133,7 +133,8 @@ void CachingAllocator::reset() {
     pools_.clear();
     last_pool_ = nullptr;
     book_.clear();
-    pending_.clear();
+    event_fifos_.clear();
+    pending_blocks_ = 0;
     deferred_.clear();
     spare_blocks_.clear();
     event_pool_.clear();

@@ -132,7 +132,9 @@ bool CachingAllocator::holds_memory() const {
 
 void CachingAllocator::set_policy(Policy p) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (p == policy_) return;
     policy_ = p;
+    regate_pending();
 }
 
 Policy CachingAllocator::policy() const {
@@ -243,7 +245,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
         if (!deferred_.empty()) process_deferred();
         // Pending blocks may have become reusable; never poll from a stream
         // captured without torch's knowledge either.
-        if (!pending_.empty() && !capturing(stream)) process_events_locked();
+        if (pending_blocks_ != 0 && !capturing(stream)) process_events_locked();
     }
     Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
     Block* b = take_cached(p, rounded, stream);
@@ -683,11 +685,20 @@ void CachingAllocator::finish_free(Block* b) {
     settle(b);
 }
 
+// Whether a held event must fire before its block enters the pool: every
+// event under poll and in debug mode, none under stream_wait, record_stream
+// and note_use events under lazy_wait.
+bool CachingAllocator::gates(const HeldEvent& h) const {
+    if (quarantine_.enabled() || policy_ == Policy::poll) return true;
+    return policy_ == Policy::lazy_wait && h.must_fire;
+}
+
 // Whether a freed block may enter its pool with the events it holds.
 bool CachingAllocator::ready_for_pool(const Block* b) const {
-    if (b->held.empty()) return true;
-    if (quarantine_.enabled() || policy_ == Policy::poll) return false;
-    return policy_ == Policy::stream_wait || !b->must_fire();
+    for (const HeldEvent& h : b->held) {
+        if (gates(h)) return false;
+    }
+    return true;
 }
 
 void CachingAllocator::settle(Block* b) {
@@ -700,10 +711,12 @@ void CachingAllocator::settle(Block* b) {
             s.add(StatId::pending_bytes, b->small, n);
             trace(TraceKind::pending, b, nullptr);
         }
+        if (b->state != BlockState::pending) pending_blocks_++;
         b->state = BlockState::pending;
-        pending_.push_back(b);
+        enqueue_pending(b);
         return;
     }
+    if (b->state == BlockState::pending) pending_blocks_--;
     if (was_pending) {
         s.add(StatId::pending, b->small, -1);
         s.add(StatId::pending_bytes, b->small, -n);

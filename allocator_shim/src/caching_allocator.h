@@ -142,7 +142,10 @@ class CachingAllocator {
     void release_event(Event e, int device);
     bool record(Event e, Stream stream, Block* b, const char* op);
     void hold(Block* b, const HeldEvent& h);  // keeps one event per stream: the later
+    bool gates(const HeldEvent& h) const;  // must it fire before the block enters its pool?
     bool ready_for_pool(const Block* b) const;
+    void enqueue_pending(Block* b);
+    void regate_pending();
     bool drop_fired_events(Block* b);
     void drop_fired_events_of_cached(int device);
     void synchronize_held_events(int device);
@@ -177,7 +180,10 @@ class CachingAllocator {
     Pool* last_pool_ = nullptr;
     AddressBook book_;
     std::map<char*, Segment*> segments_;
-    std::vector<Block*> pending_;
+    // Pending blocks wait in the FIFO of each stream they hold a gating event
+    // of, ordered by record; polled head-first (torch's per-stream deques).
+    std::unordered_map<Stream, std::deque<PendingEvent>> event_fifos_;
+    size_t pending_blocks_ = 0;
     std::vector<Block*> deferred_;
     std::vector<Block*> spare_blocks_;
     std::unordered_map<int, std::vector<Event>> event_pool_;

@@ -192,16 +192,40 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
     for (const auto& entry : cached_in) cached_blocks += entry.second;
     if (cached_total != cached_blocks) fail("cached blocks outside any pool's set");
 
-    // The lists of freed blocks hold exactly the blocks in their state.
-    size_t listed_pending = 0;
-    std::unordered_set<const Block*> seen;
-    for (const Block* b : pending_) {
-        listed_pending++;
-        if (b->state != BlockState::pending) fail(where(b) + " is on the pending list but not pending");
-        if (!seen.insert(b).second) fail(where(b) + " is on the pending list twice");
+    // The per-stream FIFOs hold exactly the gating events of pending blocks,
+    // in record order.
+    std::unordered_map<const Block*, uint32_t> entries;
+    for (const auto& entry : event_fifos_) {
+        const PendingEvent* prev_entry = nullptr;
+        for (const PendingEvent& pe : entry.second) {
+            const Block* b = pe.block;
+            entries[b]++;
+            if (b->state != BlockState::pending) fail(where(b) + " is in an event FIFO but not pending");
+            bool held = false;
+            for (const HeldEvent& h : b->held) {
+                held = held || (h.event == pe.event && h.stream == entry.first && h.seq == pe.seq && gates(h));
+            }
+            if (!held) fail(where(b) + " waits in stream " + hex(entry.first) + "'s FIFO on an event it does not hold");
+            if (prev_entry != nullptr && prev_entry->seq > pe.seq) {
+                fail("stream " + hex(entry.first) + "'s FIFO is out of record order");
+            }
+            prev_entry = &pe;
+        }
     }
-    if (listed_pending != pending_blocks) fail("the pending list does not hold every pending block");
-    seen.clear();
+    size_t listed_pending = entries.size();
+    for (const auto& entry : entries) {
+        size_t gating = 0;
+        for (const HeldEvent& h : entry.first->held) gating += gates(h) ? 1 : 0;
+        if (entry.second != entry.first->gates || gating != entry.second) {
+            fail(where(entry.first) + " counts " + std::to_string(entry.first->gates) + " gates, has " +
+                 std::to_string(entry.second) + " FIFO entries and " + std::to_string(gating) + " gating events");
+        }
+    }
+    if (listed_pending != pending_blocks || pending_blocks_ != pending_blocks) {
+        fail("pending blocks: " + std::to_string(pending_blocks) + " walked, " + std::to_string(listed_pending) +
+             " in the event FIFOs, " + std::to_string(pending_blocks_) + " counted");
+    }
+    std::unordered_set<const Block*> seen;
     for (const Block* b : deferred_) {
         if (b->state != BlockState::deferred) fail(where(b) + " is on the deferred list but not deferred");
         if (!seen.insert(b).second) fail(where(b) + " is on the deferred list twice");

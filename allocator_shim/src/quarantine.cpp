@@ -32,7 +32,9 @@ std::vector<std::pair<size_t, size_t>> check_ranges(size_t size) {
 void CachingAllocator::set_debug(bool enabled, size_t quarantine_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!enabled && rt_ != nullptr) trim_quarantine(true);
+    bool changed = enabled != quarantine_.enabled();
     quarantine_.configure(enabled, quarantine_bytes);
+    if (changed) regate_pending();  // debug mode holds every event until it fired
 }
 
 bool CachingAllocator::debug() const {
