@@ -7,7 +7,9 @@
   (tag ``inplace_view``: ``unsqueeze_``, ``t_``, ``as_strided_``...), which
   change a tensor's shape, not its data.
 * A fresh output (no alias annotation) is written; an aliased output is the
-  same storage as an input, already counted.
+  same storage as an input, already counted, and so is an output the schema
+  calls fresh that shares an input's storage (``_unsafe_view``: an alias the
+  schema does not declare).
 * ``empty``-like factories write nothing: their fresh output is only
   allocated.  ``*_like`` and ``new_*`` constructors read nothing of their
   ``self`` (its shape, dtype and device only).
@@ -166,6 +168,10 @@ def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, 
     if entry is None:
         # an empty-like factory's output is allocated, not accessed
         entry = found[ptr] = StorageAccess(ptr, t, max(t.get_device(), 0), fresh, not fresh or is_write)
+    elif fresh and not entry.fresh:
+        # an output the schema calls fresh on an input's storage is an alias the schema does not
+        # declare (aten::_unsafe_view): a view, no data written
+        return
     else:
         entry.fresh |= fresh
         entry.accessed |= not fresh or is_write
