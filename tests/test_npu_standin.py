@@ -3,6 +3,7 @@ each case runs a program of tests/npu_programs in the torch_npu interpreter
 (NPU_LIFETIME_NPU_PYTHON), at torch_npu's default task queue and, where
 ordering matters, at TASK_QUEUE_ENABLE=0, 1 and 2. Nothing here runs on NPU
 hardware."""
+import math
 import shutil
 import subprocess
 
@@ -63,6 +64,13 @@ def test_common_ops_give_the_right_values(task_queue):
     assert result["to_int64"] == [[0, 1, 2], [3, 4, 5]]
     assert result["to_float16"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     assert result["bool"] == [True, True, True]
+    assert result["sum"] == 15.0
+    assert result["sum_dim"] == [3.0, 12.0]
+    assert result["mean_dim0"] == [1.5, 2.5, 3.5]
+    assert result["mm"] == [[5.0, 14.0], [14.0, 50.0]]
+    assert sum(result["tanh_neg_abs"], []) == pytest.approx([math.tanh(v) for v in range(6)])
+    assert result["equal"] == [True, False]
+    assert result["eq"] == [[True, False, True], [False, True, False]]
     assert result["copy_chain"] == [3.0, 6.0, 9.0, 12.0]
     assert result["pinned_non_blocking"] == [0.0, 1.0, 2.0, 3.0]
     assert abs(result["randn"]["mean"]) < 0.15 and 0.85 < result["randn"]["std"] < 1.15
@@ -97,6 +105,7 @@ def test_events_fire_when_their_stream_reaches_them(task_queue):
     elapsed = result["elapsed"]
     assert elapsed["query"] == [True, True]
     assert 2 * elapsed["delay_ms"] <= elapsed["elapsed_ms"] < 60 * elapsed["delay_ms"]
+    assert result["sleep"]["slept_ms"] <= result["sleep"]["elapsed_ms"] < 60 * result["sleep"]["slept_ms"]
     assert result["never_recorded"] == {"query": True, "after_wait": [2.0, 2.0, 2.0, 2.0]}
 
 

@@ -37,6 +37,13 @@ def main() -> dict:
         "to_int64": values(an.to(torch.int64)),
         "to_float16": values(an.to(torch.float16).to(torch.float32)),
         "bool": values(torch.ones(3, dtype=torch.bool, device="npu")),
+        "sum": an.sum().item(),
+        "sum_dim": values(an.sum(dim=1)),
+        "mean_dim0": values(an.mean(dim=0)),
+        "mm": values(an @ an.t()),
+        "tanh_neg_abs": values(torch.tanh(-an).abs()),
+        "equal": [torch.equal(an, an.clone()), torch.equal(an, an + 1)],
+        "eq": values(an == torch.tensor([0.0, 4.0, 2.0], device="npu")),
     })
     x = torch.zeros(4, device="npu")
     x.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))

@@ -71,6 +71,20 @@ def elapsed() -> dict:
             "delay_ms": DELAY_US / 1000}
 
 
+def sleep_between() -> dict:
+    """torch.npu._sleep(cycles) queues that long a kernel (aclnnSleep; the
+    stand-in counts a cycle as a nanosecond)."""
+    start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+    side = torch.npu.Stream()
+    torch.npu.synchronize()
+    with torch.npu.stream(side):
+        start.record()
+        torch.npu._sleep(30_000_000)
+        end.record()
+    end.synchronize()
+    return {"elapsed_ms": start.elapsed_time(end), "slept_ms": 30.0}
+
+
 def never_recorded() -> dict:
     event = torch.npu.Event()
     side = torch.npu.Stream()
@@ -83,7 +97,8 @@ def never_recorded() -> dict:
 
 def main() -> dict:
     try:
-        return {"held_record": held_record(), "elapsed": elapsed(), "never_recorded": never_recorded()}
+        return {"held_record": held_record(), "elapsed": elapsed(), "sleep": sleep_between(),
+                "never_recorded": never_recorded()}
     finally:
         standin.drain()
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "src"
-CFLAGS = ["-std=c11", "-O1", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-pthread", "-D_GNU_SOURCE"]
+CFLAGS = ["-std=c11", "-O1", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-pthread",
+          "-D_GNU_SOURCE"]
 GENERATED_CFLAGS = ["-Wno-deprecated-declarations"]
 FLOAT_MATH = ["-lm"]
 

@@ -1,5 +1,7 @@
 /* Kernels that fill or copy: ones, zeros, fill, copy (with broadcasting and
- * dtype conversion), cast, arange. */
+ * dtype conversion), cast, arange; and sleep (torch.npu._sleep). */
+#include <time.h>
+
 #include "standin.h"
 
 static void fill(const aclTensor *self, const aclScalar *value)
@@ -114,3 +116,22 @@ STANDIN_EXPORT int aclnnArangeGetWorkspaceSize(const aclScalar *start, const acl
     return standin_operands(op, 1, (const aclTensor *[]){out}, 3, (const aclScalar *[]){start, end, step});
 }
 PHASE_TWO(aclnnArange)
+
+/* torch.npu._sleep(cycles): a kernel that takes CYCLES nanoseconds. */
+static void sleep_kernel(aclOpExecutor *e)
+{
+    int64_t ns = e->ints[0] > 0 ? e->ints[0] : 0;
+    struct timespec pause = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+    nanosleep(&pause, NULL);
+}
+
+STANDIN_EXPORT int aclnnSleepGetWorkspaceSize(const aclIntArray *cycles, uint64_t *size, aclOpExecutor **executor)
+{
+    STANDIN_CALLED();
+    aclOpExecutor *op = standin_executor("aclnnSleep", sleep_kernel, size, executor);
+    if (op == NULL)
+        return ACL_ERROR_RT_MEMORY_ALLOCATION;
+    op->ints[0] = cycles && cycles->size ? cycles->values[0] : 0;
+    return 0;
+}
+PHASE_TWO(aclnnSleep)
