@@ -154,3 +154,27 @@ def test_d3_a_policy_change_regates_what_is_pending(sim_shim):
     assert sim_shim.stats()["pending.all.current"] == 0
     assert sim_shim.alloc(4096, 0, S1) == p and sim_shim.sim.stream_waits(S1) == 1
     check_invariants()
+
+
+# ---- D4: fired use events are dropped before a capture ------------------------------------------------
+
+def test_d4_a_graph_pool_block_whose_use_event_fired_is_reused_by_the_next_capture(sim_shim):
+    sim_shim.set_policy("lazy_wait")
+    for _ in range(3):  # cycles of capture, eager use on another stream, free, consumer done
+        x = _capture_one(sim_shim, 12 << 20)  # a segment of its own
+        sim_shim.record_use(x, S2)
+        sim_shim.free(x, 12 << 20, 0, S1)  # cached in the graph pool with S2's event attached
+        sim_shim.sim.complete(S2)  # the use finished long before the next capture
+        check_invariants()
+    # before: 3 segments, one per cycle (the capture skipped the block: its event could not be queried)
+    assert sim_shim.stats()["num_device_alloc"] == 1
+
+
+def test_d4_an_event_still_pending_keeps_its_block_out_of_the_capture(sim_shim):
+    sim_shim.set_policy("lazy_wait")
+    x = _capture_one(sim_shim, 12 << 20)
+    sim_shim.record_use(x, S2)
+    sim_shim.free(x, 12 << 20, 0, S1)  # S2 never finishes
+    y = _capture_one(sim_shim, 12 << 20)
+    assert y != x and sim_shim.stats()["num_device_alloc"] == 2
+    check_invariants()

@@ -7,8 +7,13 @@ namespace npl {
 
 thread_local char* CachingAllocator::claim_ = nullptr;
 
+// torch opens the pool before it begins the capture: the last moment an
+// event may be queried.  The pool's cached blocks drop the use events that
+// have fired, so the capture can take them (it skips a block with events:
+// a wait would pull outside work into the graph).
 void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (rt_ != nullptr && !id.eager() && !graph_pools_.any_capture_underway()) drop_fired_events_of_pool(device, id);
     graph_pools_.begin(device, id, std::move(filter));
 }
 

@@ -148,6 +148,7 @@ class CachingAllocator {
     void regate_pending();
     bool drop_fired_events(Block* b);
     void drop_fired_events_of_cached(int device);
+    void drop_fired_events_of_pool(int device, PoolId id);
     void synchronize_held_events(int device);
     void process_events_locked();
     void process_deferred();
