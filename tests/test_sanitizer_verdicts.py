@@ -124,3 +124,39 @@ def test_unsafe_view_writes_nothing():
         del x, v
         gc.collect()
     assert san.flush() == []
+
+
+# -- tensors made from host data inside a side-stream context --------------------------------------------------------
+HOST_DATA = {
+    "tensor": lambda: torch.tensor([1.0, 2.0, 3.0]),
+    "as_tensor": lambda: torch.as_tensor([1.0, 2.0, 3.0]),
+    "asarray": lambda: torch.asarray([1.0, 2.0, 3.0]),
+    "from_numpy": lambda: torch.from_numpy(pytest.importorskip("numpy").ones(3, dtype="float32")),
+}
+
+
+@pytest.mark.parametrize("make", HOST_DATA.values(), ids=HOST_DATA.keys())
+def test_a_tensor_made_from_host_data_is_allocated_on_the_current_stream(make):
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        with sd.stream(side):
+            t = make()  # allocated (and copied to) on side, as on CUDA
+            t.add_(1)  # used on its own allocation stream: needs nothing
+        del t
+        gc.collect()
+    assert san.flush() == []
+
+
+def test_a_tensor_made_on_a_side_stream_and_read_on_main_without_a_wait_races():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        with sd.stream(side):
+            t = torch.tensor([1.0, 2.0, 3.0])  # the copy in runs on side
+        t.sum()  # on the default stream, not ordered after it
+        npu_lifetime.record_use(t, sd.default_stream())
+        del t
+        gc.collect()
+    [race] = san.flush()
+    assert race.kind == "data_race" and race.prior.stream == side.key

@@ -13,6 +13,9 @@
 * ``empty``-like factories write nothing: their fresh output is only
   allocated.  ``*_like`` and ``new_*`` constructors read nothing of their
   ``self`` (its shape, dtype and device only).
+* ``lift_fresh`` hands over a tensor built from host data (``torch.tensor``,
+  ``as_tensor``, ``asarray``, ``from_numpy``): its storage is a fresh
+  output, allocated and written on the current stream.
 * c10d collectives write and read the arguments their semantics say
   (``collectives.py``), not what their schemas' annotations say.
 
@@ -32,6 +35,7 @@ from . import collectives
 
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
 # constructors that take only their input's shape, dtype and device: zeros_like, randn_like, new_full...
+_FROM_HOST_DATA = ("aten::lift_fresh", "aten::lift")
 _METADATA_INPUT = re.compile(r"^aten::(\w+_like|new_\w+|is_strides_like_format)$")
 _READ, _WRITE, _SKIP = False, True, None
 
@@ -106,6 +110,11 @@ def _make_plan(func) -> Plan:
         return Plan(arguments, {name: mode for _, name, mode in arguments}, (), False, True, True)
     if torch.Tag.inplace_view in func.tags:
         return Plan((), {}, (), False, False, False)  # shape and strides only
+    if schema.name in _FROM_HOST_DATA:
+        # torch.tensor / as_tensor / asarray / from_numpy: the tensor built from host data, made
+        # outside the dispatcher, is handed over here: a fresh storage written on the current stream
+        # (on a device, the copy in runs there)
+        return Plan((), {}, (True,), False, False, True)
     metadata_only = "self" if _METADATA_INPUT.match(schema.name) else None
     arguments = tuple(
         (i, a.name, a.alias_info is not None) for i, a in tensor_args
