@@ -85,7 +85,9 @@ def test_during_a_capture_only_free_segments_are_released(sim_shim):
     sim_shim.record_use(p, S2)
     sim_shim.free(p, 40 * MB, 0, S1)  # pending on S2
     sim_shim.begin_allocate_to_pool(0, (3, 0), S1)
+    sim_shim.sim.set_capturing(S1, True)  # a real capture (an open pool alone freezes nothing: D5)
     assert sim_shim.alloc(40 * MB, 0, S1) == 0
     assert sim_shim.sim.event_syncs() == 0  # no wait on an event during a capture
     assert "during a graph capture" in sim_shim.last_oom_message()
+    sim_shim.sim.set_capturing(S1, False)
     sim_shim.end_allocate_to_pool(0, (3, 0))

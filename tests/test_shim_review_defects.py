@@ -178,3 +178,53 @@ def test_d4_an_event_still_pending_keeps_its_block_out_of_the_capture(sim_shim):
     y = _capture_one(sim_shim, 12 << 20)
     assert y != x and sim_shim.stats()["num_device_alloc"] == 2
     check_invariants()
+
+
+# ---- D5: the out-of-memory path freezes only for a real capture, on its device ----------------------------
+
+MB = 1 << 20
+
+
+def _pending_40mb(shim, device=0):
+    """A 40 MB block of `device` freed with a use on S2 that never finishes by itself (pending)."""
+    p = shim.alloc(40 * MB, device, S1)
+    shim.record_use(p, S2)
+    shim.free(p, 40 * MB, device, S1)
+    return p
+
+
+def test_d5_a_pool_opened_with_no_capture_does_not_freeze_the_oom_path(sim_shim):
+    sim_shim.sim.set_memory_limit(64 * MB)
+    p = _pending_40mb(sim_shim)
+    sim_shim.begin_allocate_to_pool(0, (3, 0), S3)  # use_mem_pool / cudagraph trees' warm-up: nothing captures
+    q = sim_shim.alloc(40 * MB, 0, S1)
+    # before: NULL, "out of memory ... during a graph capture": the host never waited for S2
+    assert q == p, sim_shim.last_oom_message()
+    assert sim_shim.stats()["num_sync_all_streams"] == 1
+    sim_shim.end_allocate_to_pool(0, (3, 0))
+    check_invariants()
+
+
+def test_d5_a_capture_on_another_device_does_not_freeze_this_devices_oom_path(sim_shim):
+    sim_shim.sim.set_memory_limit(64 * MB)
+    p = _pending_40mb(sim_shim, device=0)
+    sim_shim.begin_allocate_to_pool(1, (3, 0), S3)
+    sim_shim.sim.set_capturing(S3, True)  # a real capture, on device 1
+    assert sim_shim.alloc(4096, 1, S3) != 0
+    assert sim_shim.alloc(40 * MB, 0, S1) == p, sim_shim.last_oom_message()
+    sim_shim.sim.set_capturing(S3, False)
+    sim_shim.end_allocate_to_pool(1, (3, 0))
+    check_invariants()
+
+
+def test_d5_a_real_capture_on_the_device_still_freezes_it(sim_shim):
+    sim_shim.sim.set_memory_limit(64 * MB)
+    _pending_40mb(sim_shim)
+    sim_shim.begin_allocate_to_pool(0, (3, 0), S3)
+    sim_shim.sim.set_capturing(S3, True)  # another stream of this device captures
+    assert sim_shim.alloc(40 * MB, 0, S1) == 0
+    assert sim_shim.sim.event_syncs() == 0 and "during a graph capture" in sim_shim.last_oom_message()
+    sim_shim.sim.set_capturing(S3, False)
+    sim_shim.end_allocate_to_pool(0, (3, 0))
+    assert [f["kind"] for f in sim_shim.findings()] == ["out_of_memory"]
+    check_invariants()

@@ -111,6 +111,7 @@ void CachingAllocator::drop_fired_events_of_pool(int device, PoolId id) {
 // events cached blocks carry.
 void CachingAllocator::synchronize_held_events(int device) {
     auto wait = [&](Event e, const Block* b, Stream stream) {
+        if (thawed_ && capturing(stream)) return;  // pools are open: never a capturing stream
         int code = 0;
         if (rt_->event_synchronize(e, &code) != Status::ok) runtime_error("event_synchronize", code, b, stream);
     };
@@ -156,10 +157,11 @@ void CachingAllocator::enqueue_pending(Block* b) {
 // whose gating events all fired leaves for its pool (or the quarantine).
 // Never while a capture is underway.
 void CachingAllocator::process_events_locked() {
-    if (graph_pools_.any_capture_underway()) return;
+    if (queries_frozen()) return;
     std::vector<Block*> ready;
     for (auto& entry : event_fifos_) {
         std::deque<PendingEvent>& fifo = entry.second;
+        if (thawed_ && !fifo.empty() && capturing(entry.first)) continue;  // pools are open: ask
         while (!fifo.empty()) {
             const PendingEvent head = fifo.front();
             int code = 0;
@@ -199,7 +201,7 @@ void CachingAllocator::regate_pending() {
 
 // Frees made during a capture get their events now that none is underway.
 void CachingAllocator::process_deferred() {
-    if (graph_pools_.any_capture_underway()) return;
+    if (queries_frozen()) return;
     std::vector<Block*> blocks;
     blocks.swap(deferred_);
     for (Block* b : blocks) {

@@ -11,10 +11,16 @@ thread_local char* CachingAllocator::claim_ = nullptr;
 // event may be queried.  The pool's cached blocks drop the use events that
 // have fired, so the capture can take them (it skips a block with events:
 // a wait would pull outside work into the graph).
-void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
+void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter, Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
     if (rt_ != nullptr && !id.eager() && !graph_pools_.any_capture_underway()) drop_fired_events_of_pool(device, id);
-    graph_pools_.begin(device, id, std::move(filter));
+    graph_pools_.begin(device, id, std::move(filter), stream);
+}
+
+// Whether a stream known to an open capture on `device` really captures
+// (the runtime says so; an unanswered question counts as yes).
+bool CachingAllocator::real_capture_on(int device) {
+    return graph_pools_.any_stream_on(device, [&](Stream s) { return capturing(s); });
 }
 
 void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {

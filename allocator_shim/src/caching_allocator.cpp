@@ -240,7 +240,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size));
     bool capture = graph_pools_.any_capture_underway();
-    PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};
+    PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
     if (!capture) {
         if (!deferred_.empty()) process_deferred();
         // Pending blocks may have become reusable; never poll from a stream
@@ -340,7 +340,7 @@ Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
     int frozen = -1;  // asked once, only if a block with events comes up
     for (Block* b = p->blocks.at_least(size); b != nullptr; b = p->blocks.after(b)) {
         if (!b->held.empty()) {
-            if (frozen < 0) frozen = graph_pools_.any_capture_underway() || capturing(stream) ? 1 : 0;
+            if (frozen < 0) frozen = queries_frozen() || capturing(stream) ? 1 : 0;
             if (frozen) continue;
             count_cached<-1>(b);  // its events change while it sits in the pool
             bool waited = wait_for_held(b, stream);
@@ -530,7 +530,7 @@ void CachingAllocator::cache_block(Block* b) {
     }
     if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
     // a released graph pool gives its segments back as they become free: this one
-    if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !graph_pools_.any_capture_underway()) {
+    if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !queries_frozen()) {
         release_segment(segments_.find(b->segment->base));
     }
 }
@@ -634,7 +634,7 @@ bool CachingAllocator::needs_capture_deferral(const Block* b) {
 // free is retried with its remaining streams (process_deferred).  So a
 // failed runtime call never makes a block reusable early.
 void CachingAllocator::finish_free(Block* b) {
-    bool frozen = graph_pools_.any_capture_underway();
+    bool frozen = queries_frozen();
     size_t unresolved = 0;  // recorded streams neither evented nor waited for: kept at the front
     for (StreamUse& u : b->uses) {
         int ev_device = u.event != nullptr ? u.event_device : device_of(u.stream, -1, b->device);

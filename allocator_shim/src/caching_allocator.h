@@ -62,7 +62,8 @@ class CachingAllocator {
     void* base_allocation(void* ptr, size_t* size) const;
 
     // Graph capture (see graph_pools.h).
-    void begin_allocate_to_pool(int device, PoolId id, StreamFilter filter);
+    // `stream`: the stream the capture is begun for, if the caller knows it.
+    void begin_allocate_to_pool(int device, PoolId id, StreamFilter filter, Stream stream = nullptr);
     void end_allocate_to_pool(int device, PoolId id);
     void release_pool(int device, PoolId id);
     std::vector<void*> pool_live_allocations(int device, PoolId id) const;
@@ -101,6 +102,11 @@ class CachingAllocator {
         return stats_[i];
     }
     bool capturing(Stream stream);
+    // No event may be queried, recorded or waited on, and no segment freed:
+    // a pool is open (a capture may be underway), unless the out-of-memory
+    // path found that no capture really is on its device (thawed_).
+    bool queries_frozen() const { return graph_pools_.any_capture_underway() && !thawed_; }
+    bool real_capture_on(int device);
     int device_of(Stream stream, int hint, int fallback);
 
     // allocation
@@ -196,7 +202,8 @@ class CachingAllocator {
     std::vector<double> fractions_;  // per device; 0: no limit
     uint64_t event_seq_ = 0;
     static thread_local char* claim_;
-    int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
+    int claims_ = 0;
+    bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device  // threads with a claim pending: the allocation path reads claim_ only then
     int device_count_ = 0;
 };
 

@@ -178,7 +178,7 @@ NPL_EXPORT void npl_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id
     guarded_void("begin_allocate_to_pool", [&] {
         npl::StreamFilter filter;
         if (stream != nullptr) filter = [stream](npl::Stream s) { return s == stream; };
-        shim().allocator.begin_allocate_to_pool(device, pool_id(id0, id1), std::move(filter));
+        shim().allocator.begin_allocate_to_pool(device, pool_id(id0, id1), std::move(filter), stream);
     });
 }
 

@@ -5,8 +5,9 @@
 
 namespace npl {
 
-void GraphPools::begin(int device, PoolId id, StreamFilter filter) {
-    captures_.push_back(Capture{device, id, std::move(filter)});
+void GraphPools::begin(int device, PoolId id, StreamFilter filter, Stream stream) {
+    captures_.push_back(Capture{device, id, std::move(filter), {}});
+    if (stream != nullptr) captures_.back().streams.push_back(stream);
     Refs* r = refs(device, id);
     if (r == nullptr) {
         refs_.push_back(Refs{device, id, 1});
@@ -32,9 +33,11 @@ bool GraphPools::release(int device, PoolId id) {
     return r->count == 0;
 }
 
-PoolId GraphPools::pool_for(int device, Stream stream) const {
-    for (const Capture& c : captures_) {
-        if (c.device == device && (!c.filter || c.filter(stream))) return c.id;
+PoolId GraphPools::pool_for(int device, Stream stream) {
+    for (Capture& c : captures_) {
+        if (c.device != device || (c.filter && !c.filter(stream))) continue;
+        if (std::find(c.streams.begin(), c.streams.end(), stream) == c.streams.end()) c.streams.push_back(stream);
+        return c.id;
     }
     return PoolId{};
 }

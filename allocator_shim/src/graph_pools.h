@@ -8,6 +8,12 @@
 // into a capture.  Pools are reference-counted: each begin takes a
 // reference, release() drops one; a pool without references gives its
 // free segments back (empty_cache, or as its last blocks are freed).
+//
+// An open pool is not necessarily a capture: torch opens one for
+// torch.cuda.MemPool/use_mem_pool and for cudagraph trees' warm-up too.  A
+// capture records the streams it is known to use (the stream it was begun
+// for, if given, and each stream it claimed an allocation of), so the
+// allocator can ask the runtime whether one of them really captures.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +28,27 @@ using StreamFilter = std::function<bool(Stream)>;
 
 class GraphPools {
    public:
-    void begin(int device, PoolId id, StreamFilter filter);
+    void begin(int device, PoolId id, StreamFilter filter, Stream stream = nullptr);
     bool end(int device, PoolId id);  // false: no capture into it was underway
     // Drops one reference; true when the pool has none left.
     bool release(int device, PoolId id);
     bool known(int device, PoolId id) const;
 
     // The private pool an allocation on (device, stream) goes to, if a
-    // capture on `device` claims the stream; else the eager pool.
-    PoolId pool_for(int device, Stream stream) const;
+    // capture on `device` claims the stream (which it then knows); else the
+    // eager pool.
+    PoolId pool_for(int device, Stream stream);
+    // Whether `pred` holds for a stream known to an open capture on `device`.
+    template <typename Pred>
+    bool any_stream_on(int device, Pred pred) const {
+        for (const Capture& c : captures_) {
+            if (c.device != device) continue;
+            for (Stream s : c.streams) {
+                if (pred(s)) return true;
+            }
+        }
+        return false;
+    }
     bool any_capture_underway() const { return !captures_.empty(); }
     bool freeable(int device, PoolId id) const;  // no references left
     void clear();
@@ -40,6 +58,7 @@ class GraphPools {
         int device;
         PoolId id;
         StreamFilter filter;
+        std::vector<Stream> streams;  // known to allocate into it
     };
     struct Refs {
         int device;

@@ -58,8 +58,12 @@ double CachingAllocator::memory_fraction(int device) const {
 
 // Frees memory step by step, searching the pool again after each step that
 // may have made a cached block fit, and retrying the runtime after each step
-// that gave memory back.  During a capture no event may be queried or
-// waited on and no segment freed: the runtime is only asked again.
+// that gave memory back.  During a capture on this device (the runtime says
+// the allocating stream, or a stream an open capture of the device is known
+// to use, captures) no event may be queried or waited on and no segment
+// freed: the runtime is only asked again.  A pool opened with no capture
+// (torch.cuda.MemPool, cudagraph trees' warm-up) or a capture on another
+// device does not freeze it: it runs thawed, skipping capturing streams.
 Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream, Status first, int code) {
     int device = p->device;
     if (first != Status::out_of_memory) {
@@ -78,7 +82,13 @@ Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream,
         int c = 0;
         return try_new_segment(p, size, &s, &c);
     };
-    bool frozen = graph_pools_.any_capture_underway() || capturing(stream);
+    bool frozen = capturing(stream) || real_capture_on(device);
+    struct Thaw {  // for the duration of this path only
+        bool& flag;
+        bool before;
+        ~Thaw() { flag = before; }
+    } thaw{thawed_, thawed_};
+    thawed_ = !frozen;
     Block* b = nullptr;
     if (!frozen) {
         process_deferred();
@@ -141,7 +151,7 @@ bool CachingAllocator::segment_releasable(const Segment* seg) const {
 // Gives fully free segments back (of `device`, or of every device); never
 // while a capture is underway (freeing memory synchronises the device).
 void CachingAllocator::release_free_segments(int device, bool any_device) {
-    if (graph_pools_.any_capture_underway()) return;
+    if (queries_frozen()) return;
     for (auto it = segments_.begin(); it != segments_.end();) {
         Segment* seg = it->second;
         bool mine = any_device || seg->device == device;
@@ -152,7 +162,7 @@ void CachingAllocator::release_free_segments(int device, bool any_device) {
 // Gives back the fully free segments of one graph pool, and nothing else:
 // its other segments go as their last blocks are freed (cache_block).
 void CachingAllocator::release_pool_segments(int device, PoolId id) {
-    if (graph_pools_.any_capture_underway()) return;
+    if (queries_frozen()) return;
     for (auto it = segments_.begin(); it != segments_.end();) {
         Segment* seg = it->second;
         bool mine = seg->device == device && seg->pool_id == id;

@@ -50,7 +50,7 @@ void CachingAllocator::quarantine(Block* b) {
     int code = 0;
     // A fill on a capturing stream would become part of the graph: such a
     // block is quarantined unpoisoned (and not checked).
-    b->poisoned = !graph_pools_.any_capture_underway() && !capturing(b->stream);
+    b->poisoned = !queries_frozen() && !capturing(b->stream);
     if (b->poisoned && rt_->memset_async(b->ptr, kPoisonByte, b->size, b->stream, &code) != Status::ok) {
         runtime_error("memset(poison)", code, b, b->stream);
         b->poisoned = false;
@@ -63,7 +63,7 @@ void CachingAllocator::quarantine(Block* b) {
 // Releases the oldest quarantined blocks while over capacity (all of them
 // with `all`), each after a check of its poison.
 void CachingAllocator::trim_quarantine(bool all) {
-    if (graph_pools_.any_capture_underway()) return;  // a check synchronises: after the capture
+    if (queries_frozen()) return;  // a check synchronises: after the capture
     while (!quarantine_.empty() && (all || quarantine_.over_capacity())) {
         Block* b = quarantine_.pop_oldest();
         check_poison(b);
