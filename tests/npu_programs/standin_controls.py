@@ -20,6 +20,7 @@ def library() -> ctypes.CDLL:
             "standin_tasks_pending": (ctypes.c_uint64, [ctypes.c_void_p]),
             "standin_call_count": (ctypes.c_uint64, [ctypes.c_char_p]),
             "standin_memory_in_use": (ctypes.c_uint64, [ctypes.c_int32]),
+            "standin_hold_launches": (None, [ctypes.c_int]),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
@@ -44,6 +45,12 @@ def pause(stream) -> None:
 
 def resume(stream) -> None:
     library().standin_resume_stream(_handle(stream))
+
+
+def hold_launches(on: bool) -> None:
+    """While on, work submitted by any thread but this one (torch_npu's task
+    queue thread, when it is on) waits before reaching its stream."""
+    library().standin_hold_launches(1 if on else 0)
 
 
 def drain() -> None:

@@ -9,6 +9,9 @@
 #define SOC_NAME "Ascend910B1"
 #define JIT_COMPILE_DEFAULT "disable"
 #define CANN_VERSION "8.5.0"
+#define CUBE_CORES 24
+#define VECTOR_CORES 48
+#define L2_CACHE_BYTES (192LL << 20)
 
 static _Thread_local int32_t current = -1;
 static char contexts[MAX_DEVICES]; /* a context handle is the address of its device's byte */
@@ -170,5 +173,46 @@ aclError aclrtGetLastError(aclrtLastErrLevel level)
 {
     (void)level;
     STANDIN_CALLED();
+    return ACL_SUCCESS;
+}
+
+aclError aclGetDeviceCapability(uint32_t deviceId, aclDeviceInfo deviceInfo, int64_t *value)
+{
+    STANDIN_CALLED();
+    if (!valid_device((int32_t)deviceId))
+        return ACL_ERROR_RT_INVALID_DEVICEID;
+    switch (deviceInfo) {
+    case ACL_DEVICE_INFO_AI_CORE_NUM: *value = CUBE_CORES; return ACL_SUCCESS;
+    case ACL_DEVICE_INFO_VECTOR_CORE_NUM: *value = VECTOR_CORES; return ACL_SUCCESS;
+    case ACL_DEVICE_INFO_L2_SIZE: *value = L2_CACHE_BYTES; return ACL_SUCCESS;
+    default: return ACL_ERROR_INVALID_PARAM;
+    }
+}
+
+aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t *value)
+{
+    STANDIN_CALLED();
+    if (!valid_device((int32_t)deviceId))
+        return ACL_ERROR_RT_INVALID_DEVICEID;
+    switch (attr) {
+    case ACL_DEV_ATTR_AICORE_CORE_NUM:
+    case ACL_DEV_ATTR_CUBE_CORE_NUM: *value = CUBE_CORES; return ACL_SUCCESS;
+    case ACL_DEV_ATTR_VECTOR_CORE_NUM: *value = VECTOR_CORES; return ACL_SUCCESS;
+    case ACL_DEV_ATTR_L2_CACHE_SIZE: *value = L2_CACHE_BYTES; return ACL_SUCCESS;
+    case ACL_DEV_ATTR_TOTAL_GLOBAL_MEM_SIZE:
+        *value = (int64_t)standin_env_u64("NPU_STANDIN_MEMORY_BYTES", 8ULL << 30);
+        return ACL_SUCCESS;
+    default: *value = 0; return ACL_SUCCESS;
+    }
+}
+
+aclError aclrtDeviceGetUuid(int32_t deviceId, aclrtUuid *uuid)
+{
+    STANDIN_CALLED();
+    if (!valid_device(deviceId))
+        return ACL_ERROR_RT_INVALID_DEVICEID;
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    memcpy(uuid->bytes, "npu-standin", 11);
+    uuid->bytes[15] = (char)deviceId;
     return ACL_SUCCESS;
 }

@@ -17,6 +17,7 @@ struct standin_stream {
     int destroyed;
     standin_task *head, *tail;
     uint64_t submitted, completed;
+    pthread_cond_t wake; /* the worker's: work queued, resumed or destroyed */
     standin_stream *next_stream;
 };
 
@@ -102,7 +103,7 @@ static void *worker(void *arg)
                 standin_unlock();
                 return NULL;
             }
-            standin_wait_change();
+            pthread_cond_wait(&s->wake, &lock);
         }
         run_head(s);
     }
@@ -114,8 +115,10 @@ static standin_stream *new_stream(int32_t device)
     if (s == NULL)
         return NULL;
     s->device = device;
+    pthread_cond_init(&s->wake, NULL);
     pthread_t thread;
     if (pthread_create(&thread, NULL, worker, s) != 0) {
+        pthread_cond_destroy(&s->wake);
         free(s);
         return NULL;
     }
@@ -144,7 +147,7 @@ standin_stream *standin_stream_of(aclrtStream stream)
         default_streams[device] = s;
     else
         s->destroyed = 1; /* another thread won; this one's worker exits */
-    standin_signal_change();
+    pthread_cond_signal(&s->wake);
     s = default_streams[device];
     standin_unlock();
     return s;
@@ -169,7 +172,7 @@ uint64_t standin_enqueue(standin_stream *s, standin_task *task)
     else
         s->head = task;
     s->tail = task;
-    standin_signal_change();
+    pthread_cond_signal(&s->wake);
     standin_unlock();
     return task->index;
 }
@@ -260,7 +263,7 @@ static aclError destroy_stream(aclrtStream stream)
     standin_stream *s = stream;
     standin_lock();
     s->destroyed = 1;
-    standin_signal_change();
+    pthread_cond_signal(&s->wake);
     standin_unlock();
     return ACL_SUCCESS;
 }
@@ -332,11 +335,13 @@ static void set_paused(aclrtStream stream, int paused)
     standin_stream *s = standin_stream_of(stream);
     standin_lock();
     s->paused = paused;
+    pthread_cond_signal(&s->wake);
     standin_signal_change();
     standin_unlock();
 }
 
-/* Test controls: hold / release a stream's queue (NULL: the default stream). */
+/* Test control: hold (ON) / release work submitted by threads other than
+ * the caller (see launches_held). */
 STANDIN_EXPORT void standin_hold_launches(int on)
 {
     standin_lock();
@@ -346,6 +351,7 @@ STANDIN_EXPORT void standin_hold_launches(int on)
     standin_unlock();
 }
 
+/* Test controls: hold / release a stream's queue (NULL: the default stream). */
 STANDIN_EXPORT void standin_pause_stream(aclrtStream stream) { set_paused(stream, 1); }
 STANDIN_EXPORT void standin_resume_stream(aclrtStream stream) { set_paused(stream, 0); }
 
@@ -353,9 +359,10 @@ STANDIN_EXPORT void standin_resume_stream(aclrtStream stream) { set_paused(strea
 STANDIN_EXPORT void standin_drain(void)
 {
     standin_lock();
-    for (standin_stream *s = streams; s; s = s->next_stream)
+    for (standin_stream *s = streams; s; s = s->next_stream) {
         s->paused = 0;
-    standin_signal_change();
+        pthread_cond_signal(&s->wake);
+    }
     for (standin_stream *s = streams; s; s = s->next_stream)
         drain_stream(s, NULL);
     standin_unlock();
