@@ -160,3 +160,44 @@ def test_a_tensor_made_on_a_side_stream_and_read_on_main_without_a_wait_races():
         gc.collect()
     [race] = san.flush()
     assert race.kind == "data_race" and race.prior.stream == side.key
+
+
+# -- resizing a storage: resize_ to a larger size copies the data; storage resize_(0) frees ------------------------
+def test_resize_to_a_larger_size_reads_the_old_data():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.mul_(2)  # written on side
+        npu_lifetime.record_use(x, side)
+        x.resize_(4096)  # on the default stream: copies the old data into a new block, unordered with the write
+        del x
+        gc.collect()
+    races = [f for f in san.flush() if f.kind == "data_race"]
+    assert [(r.access.op, r.access.verb, r.prior.stream) for r in races] == [("aten::resize_", "read", side.key)]
+
+
+def test_a_tensor_resized_larger_is_tracked_at_its_new_memory():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(8)
+        before = x.untyped_storage().data_ptr()
+        x.resize_(4096)  # a new block on the default stream; the old one is freed
+        assert x.untyped_storage().data_ptr() != before
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.add_(1)  # the new storage, allocated on the default stream, used on side
+        del x  # uncovered: the free of the new storage leaves the use on side
+        gc.collect()
+    [free] = san.flush()
+    assert free.kind == "uncovered_free" and free.size == 4096 * 4 and free.last_use.op == "aten::add_"
+    assert "x.resize_(4096)" in _line(free.alloc_site)
+    assert len(san.storages) == 0
+
+
+def _line(site):
+    filename, line, _ = site.user_frames()[0]
+    return open(filename).read().splitlines()[line - 1]

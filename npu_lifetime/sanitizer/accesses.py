@@ -13,6 +13,10 @@
 * ``empty``-like factories write nothing: their fresh output is only
   allocated.  ``*_like`` and ``new_*`` constructors read nothing of their
   ``self`` (its shape, dtype and device only).
+* ``resize_`` / ``resize_as_`` change shape only, unless the storage must
+  grow: then its old bytes are copied into a new, larger block (a read of
+  the old storage, before the op; a write of the new one, after it) and the
+  old block is freed (``resize_accesses``).
 * ``lift_fresh`` hands over a tensor built from host data (``torch.tensor``,
   ``as_tensor``, ``asarray``, ``from_numpy``): its storage is a fresh
   output, allocated and written on the current stream.
@@ -36,6 +40,7 @@ from . import collectives
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
 # constructors that take only their input's shape, dtype and device: zeros_like, randn_like, new_full...
 _FROM_HOST_DATA = ("aten::lift_fresh", "aten::lift")
+_RESIZE = ("aten::resize_", "aten::resize_as_")
 _METADATA_INPUT = re.compile(r"^aten::(\w+_like|new_\w+|is_strides_like_format)$")
 _READ, _WRITE, _SKIP = False, True, None
 
@@ -69,6 +74,7 @@ class Plan:
     allocates_only: bool  # an empty-like factory
     collective: bool  # a c10d collective (runs on its backend's stream)
     touches_data: bool  # False: nothing to do for this op (a view, an inplace view)
+    resizes: bool = False  # Tensor.resize_ / resize_as_: may move the storage to a larger block
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -108,6 +114,8 @@ def _make_plan(func) -> Plan:
         written, _ = semantics
         arguments = tuple((i, a.name, a.name in written) for i, a in tensor_args)
         return Plan(arguments, {name: mode for _, name, mode in arguments}, (), False, True, True)
+    if schema.name in _RESIZE:
+        return Plan((), {}, (), False, False, False, resizes=True)  # see resize_accesses
     if torch.Tag.inplace_view in func.tags:
         return Plan((), {}, (), False, False, False)  # shape and strides only
     if schema.name in _FROM_HOST_DATA:
@@ -186,3 +194,39 @@ def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, 
         entry.accessed |= not fresh or is_write
     entry.is_write |= is_write
     entry.names.append(name)
+
+
+def growing_storage(func, args: tuple, tracked: Callable):
+    """For ``resize_`` / ``resize_as_`` about to run: the tensor whose
+    storage must grow to a new block, or None.  (``resize_bytes`` copies the
+    old bytes to the new block and frees the old one.)"""
+    if not args or not isinstance(args[0], torch.Tensor) or not tracked(args[0]):
+        return None
+    t = args[0]
+    if func._schema.name == "aten::resize_as_":
+        size = args[1].shape if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+    else:
+        size = args[1] if len(args) > 1 else None
+    if size is None:
+        return None
+    numel = 1
+    for n in size:
+        numel *= int(n)
+    needed = (t.storage_offset() + numel) * t.element_size() if numel else 0
+    try:
+        storage = t.untyped_storage()
+        return t if needed > storage.nbytes() else None
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def resize_accesses(t: torch.Tensor, before: int, write: bool) -> list:
+    """The old storage's read (``write`` False, at address ``before``) or
+    the new storage's write by a growing resize."""
+    ptr = before if not write else t.untyped_storage().data_ptr()
+    if not ptr:
+        return []
+    entry = StorageAccess(ptr, t, max(t.get_device(), 0), fresh=write, accessed=True)
+    entry.is_write = write
+    entry.names.append("self")
+    return [entry]

@@ -296,10 +296,14 @@ class SimBackend(Backend):
     def collective_stream(self, group: int, device_index: int) -> tuple:
         return (device_index, -group - 1)  # gloo runs collectives on threads of its own
 
-    def watch(self, tensor: torch.Tensor, on_free: Callable[[int], None]) -> None:
-        """Calls ``on_free(address)`` when the tensor's storage dies."""
-        storage = tensor.untyped_storage()
-        weakref.finalize(storage, on_free, storage.data_ptr())
+    def watch(self, tensor, on_free: Callable[[int, int], None], sid: int) -> None:
+        """Calls ``on_free(address, sid)`` when the storage of ``tensor`` (a
+        tensor or an untyped storage) dies.  A storage resized in place
+        (``untyped_storage().resize_``, ``Tensor.resize_`` to a larger size)
+        moves to new memory: it is watched again with the new address and
+        storage id, and the old watch then names a storage no longer there."""
+        storage = tensor if isinstance(tensor, torch.UntypedStorage) else tensor.untyped_storage()
+        weakref.finalize(storage, on_free, storage.data_ptr(), sid)
 
     def describe(self, key: tuple) -> str:
         handle = key[1]

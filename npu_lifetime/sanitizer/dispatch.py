@@ -106,6 +106,8 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         plan = accesses.plan(func)
         if not plan.touches_data:
+            if plan.resizes:
+                return _resize(func, args, kwargs, sanitizers)
             return func(*args, **kwargs)
         frame = OpFrame(sites.capture(_depth, skip=1))
         outer = push_frame(frame)
@@ -122,6 +124,51 @@ class _Mode(TorchDispatchMode):
         if error is not None:
             raise error
         return outputs
+
+
+def _resize(func, args, kwargs, sanitizers: tuple):
+    """``resize_`` / ``resize_as_``: shape only, unless the storage grows;
+    then the old bytes are read (before the op: on a device the old block is
+    freed inside it), copied into a new block (a fresh storage written after
+    the op) and the old block freed (seen by the device's allocation trace,
+    or here on the simulated device)."""
+    growing = {}
+    for backend in _backends:
+        t = accesses.growing_storage(func, args, backend.tracks)
+        if t is not None:
+            growing[backend] = (t, t.untyped_storage().data_ptr())
+    if not growing:
+        return func(*args, **kwargs)
+    frame = OpFrame(sites.capture(_depth, skip=2))
+    op_name = func._schema.name
+    error = None
+
+    def feed(backend, found):
+        nonlocal error
+        if found:
+            current = backend.current_stream(found[0].device_index)
+            for s in sanitizers:
+                if s.backend is backend:
+                    error = s.apply_op((("accesses", (current, found, current)),), frame.site, op_name) or error
+
+    for backend, (t, before) in growing.items():
+        feed(backend, accesses.resize_accesses(t, before, write=False))
+    outer = push_frame(frame)
+    try:
+        outputs = func(*args, **kwargs)
+    finally:
+        pop_frame(outer)
+        _replay_held(frame)
+    for backend, (t, before) in growing.items():
+        if t.untyped_storage().data_ptr() == before:
+            continue
+        for s in sanitizers:
+            if s.backend is backend:
+                s.storage_moved(before, frame.site)
+        feed(backend, accesses.resize_accesses(t, before, write=True))
+    if error is not None:
+        raise error
+    return outputs
 
 
 def _replay_held(frame: OpFrame) -> None:

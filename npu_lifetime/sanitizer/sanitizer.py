@@ -355,6 +355,21 @@ class LifetimeSanitizer:
         if not self._shim.connected:
             self._free(address)
 
+    def storage_moved(self, before: int, site) -> None:
+        """A tensor's storage grew into a new block (``resize_``): the old one
+        is freed.  A device's allocation trace reports that free itself; on
+        the simulated device it is noted here."""
+        if self.backend.allocations_by_first_sight and before:
+            self._free(before, site=site)
+
+    def _raise_new_races(self, found: list) -> None:
+        if found:
+            with self._lock:
+                new = self._findings.add(found)
+            error = self._announce_races(new) if new else None
+            if error is not None:
+                raise error
+
     def on_shim_alloc(self, address: int, size: int, key: tuple) -> None:
         with self._lock:
             self.storages.allocate(address, size, self._stream(key), self._site())
@@ -376,13 +391,15 @@ class LifetimeSanitizer:
             if sid is not None:
                 self._keep(self.model.erase_stream(sid, self._stream(key)))
 
-    def _free(self, address) -> list:
+    def _free(self, address, sid=None, site=None) -> list:
         """A storage's memory was freed; returns the model's findings (the
-        shim defers reuse for the uncovered ones)."""
-        frame = current_frame()
-        site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
+        shim defers reuse for the uncovered ones).  ``sid``: only if that
+        storage is still the one at ``address`` (a watched storage's death)."""
+        if site is None:
+            frame = current_frame()
+            site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
         with self._lock:
-            found = self.storages.free(address, site)
+            found = self.storages.free(address, site, sid)
             new = self._findings.add(found) if found else ()
         if new and self.warn_on_free:
             self._warn_frees(new)

@@ -54,7 +54,7 @@ class StorageTable:
             self.sizeless.add(sid)
         self.model.allocate(sid, stream, address, nbytes, site)
         if tensor is not None and self.backend.allocations_by_first_sight:
-            self.backend.watch(tensor, self._on_free)
+            self.backend.watch(tensor, self._on_free, sid)
         return sid
 
     def adopt(self, address: int, nbytes: int, device_index: int, tensor=None) -> int:
@@ -66,7 +66,7 @@ class StorageTable:
         self.live[address] = sid
         self.model.allocate(sid, stream, address, nbytes, sites.UNTRACKED, preexisting=True)
         if tensor is not None and self.backend.allocations_by_first_sight:
-            self.backend.watch(tensor, self._on_free)
+            self.backend.watch(tensor, self._on_free, sid)
         return sid
 
     def sized(self, sid: int, nbytes: int) -> None:
@@ -75,7 +75,12 @@ class StorageTable:
             self.sizeless.discard(sid)
             self.model.set_size(sid, nbytes)
 
-    def free(self, address: int, site) -> list:
+    def free(self, address: int, site, sid: Optional[int] = None) -> list:
+        """The storage at ``address`` was freed; with ``sid``, only if that
+        storage is still the one there (a watched storage that moved to new
+        memory, or whose address went to another, is not freed twice)."""
+        if sid is not None and self.live.get(address) != sid:
+            return []
         sid = self.live.pop(address, None)
         if sid is None:
             self._blocks_before.pop(address, None)
