@@ -201,3 +201,45 @@ def test_a_tensor_resized_larger_is_tracked_at_its_new_memory():
 def _line(site):
     filename, line, _ = site.user_frames()[0]
     return open(filename).read().splitlines()[line - 1]
+
+
+def test_storage_resize_to_zero_is_a_free():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(1024)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.sum()  # read on side
+        x.untyped_storage().resize_(0)  # FSDP frees this way: the memory goes back now
+        x.untyped_storage().resize_(1024 * 4)  # and comes back later, a new block on the current stream
+        x.fill_(1.0)  # if the host hands the same memory back, this is a reuse race with the read on side
+        del x
+        gc.collect()
+    found = san.flush()
+    assert set(kinds(found)) <= {"uncovered_free", "reuse_race"}
+    [free] = [f for f in found if f.kind == "uncovered_free"]
+    assert free.last_use.op == "aten::sum"
+    assert "resize_(0)" in _line(free.free_site)  # freed there, not when x died
+    assert "npu_lifetime.record_use(" in free.fix() or "record_stream" in free.fix()
+    assert len(san.storages) == 0
+
+
+def test_storage_resize_to_zero_after_a_hand_off_is_clean():
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(1024)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.sum()
+        npu_lifetime.record_use(x, side)
+        x.untyped_storage().resize_(0)
+        x.untyped_storage().resize_(1024 * 4)
+        with sd.stream(side):  # the new block is the default stream's: side waits before using it
+            side.wait_stream(sd.default_stream())
+            x.fill_(2.0)
+        npu_lifetime.record_use(x, side)
+        del x
+        gc.collect()
+    assert san.flush() == []

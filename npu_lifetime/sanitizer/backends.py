@@ -278,6 +278,7 @@ class SimBackend(Backend):
 
     def _connect(self) -> None:
         simdevice.add_listener(_SimListener(self.hub))
+        _patch_storage_resize(self.hub)
 
     def current_device(self) -> int:
         return simdevice.DEVICE_INDEX
@@ -310,6 +311,31 @@ class SimBackend(Backend):
         if handle < 0:
             return f"sim collective stream of process group {-handle - 1}"
         return "sim default stream" if handle == 0 else f"sim stream {handle}"
+
+
+def _patch_storage_resize(hub: Hub) -> None:
+    """``untyped_storage().resize_(n)`` on host memory moves the storage to a
+    new block (the old one is freed: FSDP frees parameters this way with
+    ``resize_(0)``); nothing in the dispatcher sees it, so it is wrapped
+    (once per process) and reported as ``on_storage_resized``."""
+    if getattr(torch.UntypedStorage.resize_, "_npu_lifetime", False):
+        return
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage, size):
+        if not hub.sinks or storage.device.type != "cpu":
+            return original(storage, size)
+        before, nbytes = storage.data_ptr(), storage.nbytes()
+        if before and size > nbytes:
+            hub.event("on_storage_read", storage, before)  # the old bytes are copied to the new block
+        out = original(storage, size)
+        after = storage.data_ptr()
+        if after != before:
+            hub.event("on_storage_resized", storage, before, after, bool(before and after))
+        return out
+
+    resize_._npu_lifetime = True
+    torch.UntypedStorage.resize_ = resize_
 
 
 class _SimListener:

@@ -362,6 +362,34 @@ class LifetimeSanitizer:
         if self.backend.allocations_by_first_sight and before:
             self._free(before, site=site)
 
+    def on_storage_read(self, storage, address: int) -> None:
+        """The host device copies ``storage``'s bytes (a storage resize to a
+        larger size, outside the dispatcher) on the current stream."""
+        site = self._site()
+        stream = self._stream(self.backend.current_stream(self.backend.current_device()))
+        with self._lock:
+            sid = self.storages.get(address)
+            if sid is None:
+                sid = self.storages.adopt(address, storage.nbytes(), 0, storage)
+            found = self.model.access(sid, stream, False, "UntypedStorage.resize_", site, ("self",))
+        self._raise_new_races(found)
+
+    def on_storage_resized(self, storage, before: int, after: int, copied: bool) -> None:
+        """``untyped_storage().resize_`` moved ``storage`` from ``before`` to
+        ``after`` (0: no memory): the old block is freed there, the new one
+        allocated on the current stream (written when the old bytes were
+        copied into it)."""
+        site = self._site()
+        if before:
+            self._free(before, site=site)
+        if after:
+            stream = self._stream(self.backend.current_stream(self.backend.current_device()))
+            with self._lock:
+                sid = self.storages.allocate(after, storage.nbytes(), stream, site, storage)
+                found = self.model.access(sid, stream, True, "UntypedStorage.resize_", site, ("self",)) \
+                    if copied else []
+            self._raise_new_races(found)
+
     def _raise_new_races(self, found: list) -> None:
         if found:
             with self._lock:
