@@ -49,7 +49,7 @@ KERNEL_PREFIX = "aclnn"
 # missing) instead of trusting an empty answer.
 PREFER_ABSENT = re.compile(
     r"^(aclmdlRI\w+|aclrtIpc\w+|aclrtMem(Export|Import|SetPid)\w*|"
-    r"PTA\w+|aclrtGetMemUceInfo|aclrtMemUceRepair|aclrtDeviceTaskAbort)$"
+    r"PTA\w+|aclrtGetMemUceInfo|aclrtMemUceRepair|aclrtDeviceTaskAbort|aclrtValueWait|aclrtValueWrite)$"
 )
 
 
