@@ -12,7 +12,10 @@ Like CUDA, an op that reads device data back to the host (``.item()``,
 indexing...) synchronises the host with the current stream after its
 kernels: the sanitizer's dispatch mode calls ``op_ran`` for each op (CPU ops
 have no other hook), and such an op notifies a stream synchronisation.
-Copies have no host side here: every tensor is host memory.
+Every tensor is host memory, so the copies to the host that a CUDA program
+relies on (``.tolist()``, ``.cpu()``, ``.numpy()``) dispatch nothing: the
+sanitizer's simulated backend takes each as a read on the current stream
+followed by a host wait, as a blocking copy is on CUDA.
 """
 from __future__ import annotations
 

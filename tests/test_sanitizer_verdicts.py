@@ -243,3 +243,46 @@ def test_storage_resize_to_zero_after_a_hand_off_is_clean():
         del x
         gc.collect()
     assert san.flush() == []
+
+
+# -- reading data back to the host: .tolist(), .cpu(), .numpy() ----------------------------------------------------
+def _numpy(t):
+    pytest.importorskip("numpy")
+    return t.numpy()
+
+
+READ_BACKS = {"tolist": lambda t: t.tolist(), "cpu": lambda t: t.cpu(), "numpy": _numpy}
+
+
+@pytest.mark.parametrize("read_back", READ_BACKS.values(), ids=READ_BACKS.keys())
+def test_a_read_back_reads_and_synchronises_the_host_like_cuda(read_back):
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            y = x * 2
+            read_back(y)  # on CUDA: a copy to the host on side, and the host waits for it
+        z = y + 1  # on the default stream, queued after the host's wait: ordered after side's write
+        npu_lifetime.record_use(y, sd.default_stream())
+        del x, y, z  # x's use on side is behind the host's wait: covered
+        gc.collect()
+    assert san.flush() == []
+
+
+@pytest.mark.parametrize("read_back", READ_BACKS.values(), ids=READ_BACKS.keys())
+def test_a_read_back_of_data_written_on_another_stream_races(read_back):
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.mul_(3)  # written on side
+        npu_lifetime.record_use(x, side)
+        read_back(x)  # copied back on the default stream, not ordered after the write
+        del x
+        gc.collect()
+    [race] = san.flush()
+    assert race.kind == "data_race" and race.prior.stream == side.key and not race.access.is_write

@@ -279,6 +279,7 @@ class SimBackend(Backend):
     def _connect(self) -> None:
         simdevice.add_listener(_SimListener(self.hub))
         _patch_storage_resize(self.hub)
+        _patch_read_backs(self.hub)
 
     def current_device(self) -> int:
         return simdevice.DEVICE_INDEX
@@ -336,6 +337,31 @@ def _patch_storage_resize(hub: Hub) -> None:
 
     resize_._npu_lifetime = True
     torch.UntypedStorage.resize_ = resize_
+
+
+_READ_BACKS = ("tolist", "cpu", "numpy")
+
+
+def _patch_read_backs(hub: Hub) -> None:
+    """``.tolist()``, ``.cpu()`` and ``.numpy()`` of a device tensor copy it
+    to the host on the current stream and wait for the copy (CUDA: a
+    blocking copy).  On host memory they dispatch no op, so they are wrapped
+    (once per process, idle without a sanitizer) and reported as
+    ``on_host_read``: a read on the current stream, then a host wait."""
+    for name in _READ_BACKS:
+        original = getattr(torch.Tensor, name)
+        if getattr(original, "_npu_lifetime", False):
+            continue
+
+        def read_back(tensor, *args, _original=original, _name=f"Tensor.{name}", **kwargs):
+            if hub.sinks and tensor.is_cpu:
+                hub.event("on_host_read", tensor, _name)
+            return _original(tensor, *args, **kwargs)
+
+        read_back._npu_lifetime = True
+        read_back.__name__ = name
+        read_back.__doc__ = original.__doc__
+        setattr(torch.Tensor, name, read_back)
 
 
 class _SimListener:

@@ -355,6 +355,29 @@ class LifetimeSanitizer:
         if not self._shim.connected:
             self._free(address)
 
+    def on_host_read(self, tensor, what: str) -> None:
+        """The host reads ``tensor`` back (``.tolist()``, ``.cpu()``,
+        ``.numpy()`` on the simulated device): a read on the current stream,
+        then the host waits for it, as a blocking copy does on a device."""
+        if not self.backend.tracks(tensor):
+            return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        address = storage.data_ptr()
+        if not address:
+            return
+        site = self._site()
+        stream = self._stream(self.backend.current_stream(self.backend.current_device()))
+        with self._lock:
+            sid = self.storages.get(address)
+            if sid is None:
+                sid = self.storages.adopt(address, storage.nbytes(), 0, tensor)
+            found = self.model.access(sid, stream, False, what, site, ("self",))
+            self.model.synchronize_stream(stream)
+        self._raise_new_races(found)
+
     def storage_moved(self, before: int, site) -> None:
         """A tensor's storage grew into a new block (``resize_``): the old one
         is freed.  A device's allocation trace reports that free itself; on
