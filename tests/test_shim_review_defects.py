@@ -228,3 +228,31 @@ def test_d5_a_real_capture_on_the_device_still_freezes_it(sim_shim):
     sim_shim.end_allocate_to_pool(0, (3, 0))
     assert [f["kind"] for f in sim_shim.findings()] == ["out_of_memory"]
     check_invariants()
+
+
+# ---- D6: empty_cache waits on pending events, then frees -------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["poll", "lazy_wait"])
+def test_d6_empty_cache_waits_for_the_events_freed_blocks_hold_then_frees_their_segments(sim_shim, policy):
+    sim_shim.set_policy(policy)
+    for size in (4096, 12 << 20):
+        p = sim_shim.alloc(size, 0, S1)
+        sim_shim.record_use(p, S2)
+        sim_shim.record_stream(p, S3)
+        sim_shim.free(p, size, 0, S1)  # pending (S3's event must fire), S2's event carried along
+    sim_shim.empty_cache()
+    # before: both segments stayed (their blocks still waited on events nobody waited for)
+    s = sim_shim.stats()
+    assert (s["reserved_bytes.all.current"], s["pending.all.current"]) == (0, 0)
+    assert sim_shim.sim.event_syncs() >= 2
+    check_invariants()
+
+
+def test_d6_empty_cache_frees_a_cached_block_still_carrying_a_use_event(sim_shim):
+    sim_shim.set_policy("lazy_wait")
+    p = sim_shim.alloc(12 << 20, 0, S1)
+    sim_shim.record_use(p, S2)
+    sim_shim.free(p, 12 << 20, 0, S1)  # cached at once, with S2's event
+    sim_shim.empty_cache()
+    assert sim_shim.stats()["reserved_bytes.all.current"] == 0
+    check_invariants()

@@ -107,8 +107,9 @@ void CachingAllocator::drop_fired_events_of_pool(int device, PoolId id) {
 }
 
 // The host waits for every event a freed block of `device` holds: in each
-// stream's FIFO the last such event (the stream runs in order), and the
-// events cached blocks carry.
+// stream's FIFO the last such event (the stream runs in order), the events
+// pending blocks carry along without waiting in a FIFO (lazy_wait's use
+// events), and the events cached blocks carry.
 void CachingAllocator::synchronize_held_events(int device) {
     auto wait = [&](Event e, const Block* b, Stream stream) {
         if (thawed_ && capturing(stream)) return;  // pools are open: never a capturing stream
@@ -118,7 +119,11 @@ void CachingAllocator::synchronize_held_events(int device) {
     for (auto& entry : event_fifos_) {
         const PendingEvent* last = nullptr;
         for (const PendingEvent& pe : entry.second) {
-            if (pe.block->device == device) last = &pe;
+            if (pe.block->device != device) continue;
+            last = &pe;
+            for (const HeldEvent& h : pe.block->held) {
+                if (!gates(h)) wait(h.event, pe.block, h.stream);
+            }
         }
         if (last != nullptr) wait(last->event, last->block, entry.first);
     }

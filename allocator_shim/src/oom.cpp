@@ -191,11 +191,16 @@ std::map<char*, Segment*>::iterator CachingAllocator::release_segment(std::map<c
     return segments_.erase(it);
 }
 
+// As torch's emptyCache: the host first waits for the events freed blocks
+// hold (pending blocks and cached blocks carrying use events), so those
+// blocks are free too, then every fully free segment goes back.  While a
+// capture may be underway only segments already free go (none do: frozen).
 void CachingAllocator::empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
     if (rt_ == nullptr) return;
     if (!graph_pools_.any_capture_underway()) {
         process_deferred();
+        for (size_t d = 0; d < stats_.size(); ++d) synchronize_held_events(static_cast<int>(d));
         process_events_locked();
         for (size_t d = 0; d < stats_.size(); ++d) drop_fired_events_of_cached(static_cast<int>(d));
         trim_quarantine(true);
