@@ -4,6 +4,7 @@ on the code before its fix (the commit that added it says how)."""
 import pytest
 from conftest import S1, S2, S3
 
+from npu_lifetime.shim.native import library
 from shim_testing import check_invariants, sim_calls, sim_completed, sim_fail_next
 
 
@@ -255,4 +256,49 @@ def test_d6_empty_cache_frees_a_cached_block_still_carrying_a_use_event(sim_shim
     sim_shim.free(p, 12 << 20, 0, S1)  # cached at once, with S2's event
     sim_shim.empty_cache()
     assert sim_shim.stats()["reserved_bytes.all.current"] == 0
+    check_invariants()
+
+
+# ---- D7: a claim honours the allocation's stream and pool -----------------------------------------------
+
+def _claims(shim):
+    return [f for f in shim.findings() if (f["kind"], f["op"]) == ("invalid_argument", "claim")]
+
+
+def test_d7_a_claim_from_another_stream_is_refused(sim_shim):
+    a = sim_shim.alloc(4096, 0, S1)
+    sim_shim.sim.launch(S1)  # S1 still uses it
+    sim_shim.free(a, 4096, 0, S1)
+    library().npl_claim_next(a)  # the C entry point (torch's checkpoint restore)
+    # before: a, handed to S2 with no wait on S1's work
+    assert sim_shim.alloc(4096, 0, S2) == 0
+    assert len(_claims(sim_shim)) == 1
+    assert sim_shim.alloc(4096, 0, S1) == a  # its own stream still gets it
+    check_invariants()
+
+
+def test_d7_an_eager_block_is_not_claimed_into_a_capture(sim_shim):
+    e = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(e, 4096, 0, S1)
+    sim_shim.begin_allocate_to_pool(0, POOL, S1)
+    sim_shim.sim.set_capturing(S1, True)
+    library().npl_claim_next(e)
+    inside = sim_shim.alloc(4096, 0, S1)
+    sim_shim.sim.set_capturing(S1, False)
+    sim_shim.end_allocate_to_pool(0, POOL)
+    assert inside == 0  # before: e, an eager block baked into the graph
+    assert len(_claims(sim_shim)) == 1
+    check_invariants()
+
+
+def test_d7_a_graph_pool_block_is_claimed_back_outside_a_capture(sim_shim):
+    g = _capture_one(sim_shim, 4096)
+    sim_shim.free(g, 4096, 0, S1)  # an output freed since the checkpoint: restored by a claim
+    library().npl_claim_next(g)
+    assert sim_shim.alloc(4096, 0, S1) == g
+    assert sim_shim.findings() == []
+    [block] = [b for s in sim_shim.snapshot()["segments"] for b in s["blocks"] if b["address"] == g]
+    assert block["state"] == "live"
+    sim_shim.free(g, 4096, 0, S1)
+    assert sim_shim.alloc(4096, 0, S1) != g  # back to its graph's pool, not the eager one
     check_invariants()

@@ -238,9 +238,9 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     std::lock_guard<std::mutex> lock(mu_);
     ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
-    if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size));
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
+    if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream, id);
     if (!capture) {
         if (!deferred_.empty()) process_deferred();
         // Pending blocks may have become reusable; never poll from a stream
@@ -267,18 +267,35 @@ void CachingAllocator::claim_next(void* ptr) {
     claim_ = static_cast<char*>(ptr);
 }
 
-void* CachingAllocator::claim(size_t rounded, size_t requested) {
+// The claimed memory must be free, carry no events, and belong where the
+// allocation does: its device and stream (blocks never move between
+// streams: that would need a wait on the old one), and, when a capture
+// claims the allocation, that capture's pool (an eager block must not be
+// baked into a graph).  Outside a capture a graph pool's block may be
+// claimed: that is how a pool checkpoint is restored; it stays in its pool.
+void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stream stream, PoolId id) {
     char* ptr = claim_;
     claim_ = nullptr;
     claims_--;
     Block* b = block_at(ptr);
+    const char* why = nullptr;
     if (b == nullptr || b->state != BlockState::cached || !b->held.empty() || ptr + rounded > b->ptr + b->size) {
+        why = "the memory to claim is not free, or not all free";
+    } else if (b->device != device || b->stream != stream) {
+        why = "the memory to claim belongs to another device or stream than the allocation";
+    } else if (!id.eager() && !(b->pool->id == id)) {
+        why = "a capture's allocation may claim only memory of the capture's own graph pool";
+    }
+    if (why != nullptr) {
         Finding f;
         f.kind = "invalid_argument";
         f.op = "claim";
         f.address = ptr;
         f.size = static_cast<int64_t>(requested);
-        f.detail = "the memory to claim is not free, or not all free";
+        f.device = device;
+        f.stream = stream;
+        if (b != nullptr) f.alloc_stream = b->stream;
+        f.detail = why;
         report(std::move(f));
         return nullptr;
     }
