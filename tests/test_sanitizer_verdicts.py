@@ -286,3 +286,64 @@ def test_a_read_back_of_data_written_on_another_stream_races(read_back):
         gc.collect()
     [race] = san.flush()
     assert race.kind == "data_race" and race.prior.stream == side.key and not race.access.is_write
+
+
+# -- host waits for a collective through its future or by polling ---------------------------------------------------
+@pytest.fixture
+def gloo_world():
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs gloo")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def _wait_by_polling(work):
+    import time
+
+    while not work.is_completed():
+        time.sleep(0.001)
+
+
+HOST_WAITS = {
+    "future.wait": lambda work: work.get_future().wait(),
+    "futures.wait_all": lambda work: torch.futures.wait_all([work.get_future()]),
+    "is_completed": _wait_by_polling,
+    "future.done": lambda work: _poll_future(work.get_future()),
+    "collect_all": lambda work: torch.futures.collect_all([work.get_future()]).wait(),
+}
+
+
+def _poll_future(future):
+    import time
+
+    while not future.done():
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("wait", HOST_WAITS.values(), ids=HOST_WAITS.keys())
+def test_a_host_wait_through_the_collectives_future_orders_it(gloo_world, wait):
+    san = sanitizer()
+    with san:
+        x = torch.ones(16)
+        work = gloo_world.all_reduce(x, async_op=True)
+        wait(work)  # the host knows the collective is done
+        x.add_(1)  # queued after that: ordered after the collective's write
+        del x
+        gc.collect()
+    assert san.flush() == []
+
+
+def test_without_a_wait_the_collectives_output_still_races(gloo_world):
+    san = sanitizer()
+    with san:
+        x = torch.ones(16)
+        work = gloo_world.all_reduce(x, async_op=True)
+        future = work.get_future()
+        x.add_(1)  # the collective may still be writing x
+        future.wait()
+        del x
+        gc.collect()
+    assert kinds(san.flush()) == ["data_race"]

@@ -17,8 +17,13 @@ for the user.
   event on it; ``Work.wait()`` (called by ``async_op=False`` too) is then a
   host wait for that event and ``Work.block_current_stream()`` a wait of
   the current stream.  On CUDA/NPU the backend's own events do this and the
-  trace reports them.  ``Work.wait`` and ``Work.block_current_stream`` are
-  wrapped once, on the first collective seen; nothing else depends on it.
+  trace reports them.  The host also waits through the work's future
+  (``work.get_future().wait()``, ``torch.futures.wait_all``,
+  ``collect_all(...).wait()``, a ``done()`` that returned True) or by polling ``work.is_completed()`` until True.
+  ``Work.wait``, ``block_current_stream``, ``get_future``, ``is_completed``
+  ``torch.Future.wait`` / ``done`` and ``torch.futures.collect_all`` /
+  ``wait_all`` are wrapped once, on the first
+  collective seen; nothing else depends on it.
   A gloo collective issued from C++ (DDP's reducer, ``_broadcast_coalesced``)
   is waited for in C++, where nothing reports the wait: it is taken as
   ordered on the current stream (its accesses are still checked there);
@@ -125,6 +130,7 @@ class _Works:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_id: OrderedDict = OrderedDict()  # id(work) -> (work, event, notify)
+        self._futures: OrderedDict = OrderedDict()  # id(future) -> (future, event, notify), from get_future
         self._ids = itertools.count(1)
         self._patched = False
 
@@ -152,12 +158,100 @@ class _Works:
                 return entry
         return None
 
+    def _entry(self, work):
+        with self._lock:
+            entry = self._by_id.get(id(work))
+        return entry if entry is not None and entry[0] is work else None
+
+    def _future_of(self, work, future) -> None:
+        """``work.get_future()`` returned ``future``: waiting on it (or seeing
+        it done) is a host wait for the work's collective."""
+        entry = self._entry(work)
+        if entry is not None:
+            self._track_future(future, [(entry[1], entry[2])])
+
+    def _track_future(self, future, waits: list) -> None:
+        with self._lock:
+            self._futures[id(future)] = (future, waits)
+            while len(self._futures) > self._MAX:
+                self._futures.popitem(last=False)
+
+    def _combined(self, futures, combined) -> None:
+        """``torch.futures.collect_all(futures)`` returned ``combined``: done
+        when all of them are."""
+        waits = []
+        with self._lock:
+            for future in futures:
+                entry = self._futures.get(id(future))
+                if entry is not None and entry[0] is future:
+                    waits += entry[1]
+        if waits:
+            self._track_future(combined, waits)
+
+    def _future_done(self, future, take: bool) -> None:
+        with self._lock:
+            entry = self._futures.get(id(future))
+            if entry is None or entry[0] is not future:
+                return
+            if take:
+                del self._futures[id(future)]
+        for event, notify in entry[1]:
+            notify("on_event_sync", event)
+
     def _patch(self, work_class) -> None:
         if self._patched:
             return
         self._patched = True
         works = self
         wait, block = work_class.wait, work_class.block_current_stream
+        get_future, is_completed = work_class.get_future, work_class.is_completed
+        import torch
+
+        future_class = torch._C.Future
+        future_wait, future_done = future_class.wait, future_class.done
+
+        def work_get_future(work, *args, **kwargs):
+            future = get_future(work, *args, **kwargs)
+            works._future_of(work, future)
+            return future
+
+        def work_is_completed(work, *args, **kwargs):
+            done = is_completed(work, *args, **kwargs)
+            if done:  # polling that saw the collective done is a host wait (as Event.query)
+                entry = works._entry(work)
+                if entry is not None:
+                    entry[2]("on_event_sync", entry[1])
+            return done
+
+        def wait_for_future(future, *args, **kwargs):
+            # like Work.wait: noted before the wait
+            works._future_done(future, take=True)
+            return future_wait(future, *args, **kwargs)  # (torch.futures.wait_all waits on its own futures)
+
+        def future_is_done(future, *args, **kwargs):
+            done = future_done(future, *args, **kwargs)
+            if done:
+                works._future_done(future, take=False)
+            return done
+
+        import torch.futures as futures_module
+
+        collect_all, wait_all = futures_module.collect_all, futures_module.wait_all
+
+        def collect_all_futures(futures, *args, **kwargs):
+            combined = collect_all(futures, *args, **kwargs)
+            works._combined(list(futures), combined)
+            return combined
+
+        def wait_all_futures(futures, *args, **kwargs):
+            futures = list(futures)
+            for future in futures:  # each is waited for (the futures wait_all returns are new objects)
+                works._future_done(future, take=True)
+            return wait_all(futures, *args, **kwargs)
+
+        work_class.get_future, work_class.is_completed = work_get_future, work_is_completed
+        future_class.wait, future_class.done = wait_for_future, future_is_done
+        futures_module.collect_all, futures_module.wait_all = collect_all_futures, wait_all_futures
 
         def wait_for_work(work, *args, **kwargs):
             # Noted before the wait: the backend's own completion steps run
