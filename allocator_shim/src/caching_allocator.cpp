@@ -81,6 +81,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <utility>
 
 #include "json.h"
@@ -97,6 +99,12 @@ constexpr size_t kMidSegment = 20 << 20;
 constexpr size_t kLargeRound = 2 << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string hex_address(const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", p);
+    return buf;
+}
 
 bool worth_splitting(const Block* b, size_t size) {
     size_t rest = b->size - size;
@@ -232,30 +240,39 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
             f.device = device;
             f.stream = stream;
             report(std::move(f));
+            set_last_failure("npu_lifetime shim: invalid allocation size " + std::to_string(size) + " on device " +
+                             std::to_string(device));
         }
         return nullptr;  // a zero-byte request needs no memory
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    ensure_runtime();
-    size_t rounded = round_up(static_cast<size_t>(size), kRound);
-    bool capture = graph_pools_.any_capture_underway();
-    PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
-    if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream, id);
-    if (!capture) {
-        if (!deferred_.empty()) process_deferred();
-        // Pending blocks may have become reusable; never poll from a stream
-        // captured without torch's knowledge either.
-        if (pending_blocks_ != 0 && !capturing(stream)) process_events_locked();
+    // Every NULL for a positive size leaves its own reason in
+    // last_oom_message() (what torch's bridge raises), never an earlier one's.
+    try {
+        std::lock_guard<std::mutex> lock(mu_);
+        ensure_runtime();
+        size_t rounded = round_up(static_cast<size_t>(size), kRound);
+        bool capture = graph_pools_.any_capture_underway();
+        PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
+        if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream, id);
+        if (!capture) {
+            if (!deferred_.empty()) process_deferred();
+            // Pending blocks may have become reusable; never poll from a stream
+            // captured without torch's knowledge either.
+            if (pending_blocks_ != 0 && !capturing(stream)) process_events_locked();
+        }
+        Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
+        Block* b = take_cached(p, rounded, stream);
+        if (b != nullptr) {
+            p->stats->count(CounterId::cache_hits);
+        } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
+            return nullptr;  // out_of_memory_path set the message
+        }
+        mark_live(b, static_cast<size_t>(size));
+        return b->ptr;
+    } catch (const std::exception& e) {
+        set_last_failure(std::string("npu_lifetime shim: the allocation failed: ") + e.what());
+        throw;  // reported as an internal_error finding at the C boundary
     }
-    Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
-    Block* b = take_cached(p, rounded, stream);
-    if (b != nullptr) {
-        p->stats->count(CounterId::cache_hits);
-    } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
-        return nullptr;
-    }
-    mark_live(b, static_cast<size_t>(size));
-    return b->ptr;
 }
 
 // The next allocation of this thread takes the cached memory at `ptr`
@@ -297,6 +314,8 @@ void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stre
         if (b != nullptr) f.alloc_stream = b->stream;
         f.detail = why;
         report(std::move(f));
+        set_last_failure(std::string("npu_lifetime shim: the claim of the memory at ") + hex_address(ptr) +
+                         " failed: " + why);
         return nullptr;
     }
     pool_erase(b);

@@ -209,7 +209,9 @@ class CachingAllocator {
 
 size_t segment_size_for(size_t size, bool small);
 
-// The message of this thread's last failed allocation ("" if none).
+// The message of this thread's last failed allocation ("" if none): each
+// NULL for a positive size sets it, out of memory or not.
 const std::string& last_oom_message();
+void set_last_failure(std::string why);
 
 }  // namespace npl

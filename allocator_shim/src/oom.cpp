@@ -2,6 +2,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iterator>
+#include <utility>
 
 #include "caching_allocator.h"
 
@@ -18,6 +19,7 @@ std::string mib(uint64_t bytes) {
 }  // namespace
 
 const std::string& last_oom_message() { return oom_message; }
+void set_last_failure(std::string why) { oom_message = std::move(why); }
 
 Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int* code) {
     double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
