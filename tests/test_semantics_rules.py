@@ -183,4 +183,4 @@ def test_memory_the_allocator_holds_until_the_use_is_done_cannot_race():
     m.allocator_holds(free)  # the shim was told (note_use) and defers the reuse
     m.allocate("z", A, address=0x1000, size=16)
     assert m.write("z", A) == []
-    assert "allocator holds the memory" in free.outcome.reason()
+    assert "held the block" in free.outcome.reason()
