@@ -201,7 +201,8 @@ def _device_stream(call: str, tensor: torch.Tensor, stream):
 
 
 def _typed_stream(device_type: str, stream):
-    if hasattr(stream, "cuda_stream") or hasattr(stream, "npu_stream"):
+    # on the type: torch_npu's Stream.npu_stream property drains its task queue
+    if hasattr(type(stream), "cuda_stream") or hasattr(type(stream), "npu_stream"):
         return stream
     return device_stream(device_type, stream)
 

@@ -39,7 +39,7 @@ def address(value, name: str = "ptr",
 def stream(value, name: str = "stream") -> int:
     """A stream: the runtime's handle as an int (0: the default stream)."""
     for attribute in ("cuda_stream", "npu_stream"):
-        if hasattr(value, attribute):
+        if hasattr(type(value), attribute):  # on the type: torch_npu's property drains its task queue
             raise TypeError(
                 f"{name} must be the runtime's stream handle (an int), not the stream object {value!r}: "
                 f"pass its .{attribute}"

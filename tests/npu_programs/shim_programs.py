@@ -8,6 +8,7 @@ allocation) and prints one JSON line.
 import ctypes
 import json
 import sys
+import time
 
 import torch
 import torch_npu  # noqa: F401  (torch.npu)
@@ -59,34 +60,52 @@ def basics(policy: str = "lazy_wait") -> dict:
             "allocations": shim.stats()["allocation.all.allocated"], "findings": shim.findings()}
 
 
-def ordering(policy: str) -> dict:
+def ordering(policy: str, events: str = "queued") -> dict:
     """An event the shim records (record_use) while the user's kernel still
     sits in torch_npu's task queue: is it ordered after that kernel?  The
     stand-in holds torch_npu's launch thread (standin_hold_launches), so the
-    kernel stays on the host; the side stream is paused so the kernel, once
-    launched, runs after the main stream's work."""
+    kernel stays on the host.  Once the event is recorded the side stream
+    is paused: a kernel launched after that runs only when the test resumes
+    it, after the main stream's next owner wrote the block.
+    ``events="direct"``: the shim without the queue operations (the NPU
+    bridge still resolves streams): its events go straight to ACL."""
+    if events == "direct":
+        from npu_lifetime.shim import npu_queue
+        from npu_lifetime.shim.native import library
+
+        def connect_without_queue_ops(lib):
+            npu_queue._bridge = lib
+            library().npl_set_npu_stream_resolver(ctypes.cast(lib.npl_npu_resolve_stream, ctypes.c_void_p).value)
+
+        npu_queue.connect = connect_without_queue_ops
     npu_lifetime.install("npu", policy=policy)
     ctl = standin()
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
     torch.npu.synchronize()
     ptr = x.data_ptr()
-    ctl.standin_pause_stream(handle(side))
     ctl.standin_hold_launches(1)
     with torch.npu.stream(side):
         y = x * 2  # queued on the host behind the held launch
     npu_lifetime.record_use(x, side)
     del x
-    shim.process_events()
+    deadline = time.monotonic() + 0.5  # time for an event that can fire to fire
+    while shim.stats()["pending.all.current"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+        shim.process_events()
     pending_after_free = shim.stats()["pending.all.current"]
+    ctl.standin_pause_stream(handle(side))
+    waits = shim.stats()["stream_waits"]
     z = torch.full((N,), 5.0, device="npu")  # main stream: reuses x's block only if that is safe
     reused = z.data_ptr() == ptr
+    waited = shim.stats()["stream_waits"] > waits  # the main stream waits on the side stream's event
     ctl.standin_hold_launches(0)
-    torch.npu.current_stream().synchronize()  # z's fill has run; y's kernel has not (side paused)
+    if not waited:
+        torch.npu.current_stream().synchronize()  # z's fill has run; y's kernel has not (side paused)
     ctl.standin_resume_stream(handle(side))
     torch.npu.synchronize()
-    return {"pending_after_free": pending_after_free, "reused": reused, "y_ok": bool((y.cpu() == 2).all()),
-            "z_ok": bool((z.cpu() == 5).all()), "findings": shim.findings()}
+    return {"pending_after_free": pending_after_free, "reused": reused, "waited": waited,
+            "y_ok": bool((y.cpu() == 2).all()), "z_ok": bool((z.cpu() == 5).all()), "findings": shim.findings()}
 
 
 def memory_functions() -> dict:
