@@ -319,3 +319,33 @@ def test_d8_a_null_that_is_not_out_of_memory_does_not_repeat_the_last_oom_messag
     assert "claim" in sim_shim.last_oom_message() and "invalid allocation size" not in sim_shim.last_oom_message()
     assert sim_shim.alloc(4096, 0, S1) != 0  # a success leaves the last failure's message alone (torch reads it
     assert "claim" in sim_shim.last_oom_message()  # only after a NULL)
+
+
+# ---- D9: no false unrecorded_use while a pool is open -----------------------------------------------------
+
+def test_d9_a_noted_use_that_finished_is_no_finding_while_a_pool_is_open(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.note_use(p, S2)
+    sim_shim.sim.complete(S2)  # the use finished
+    sim_shim.begin_allocate_to_pool(0, (3, 0), S3)  # a pool open elsewhere: no event may be queried now
+    sim_shim.free(p, 4096, 0, S1)
+    assert sim_shim.findings() == []  # before: unrecorded_use, for a use that had finished
+    sim_shim.end_allocate_to_pool(0, (3, 0))
+    sim_shim.process_events()
+    assert sim_shim.findings() == [] and sim_shim.alloc(4096, 0, S1) == p
+    check_invariants()
+
+
+def test_d9_a_noted_use_still_queued_is_reported_once_the_pool_closes(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.note_use(p, S2)  # S2 never finishes by itself
+    sim_shim.begin_allocate_to_pool(0, (3, 0), S3)
+    sim_shim.free(p, 4096, 0, S1)
+    assert sim_shim.alloc(4096, 0, S1) != p  # held meanwhile
+    sim_shim.end_allocate_to_pool(0, (3, 0))
+    sim_shim.process_events()
+    assert kinds(sim_shim) == ["unrecorded_use"]
+    assert sim_shim.alloc(4096, 0, S1) != p
+    sim_shim.sim.complete(S2)
+    assert sim_shim.alloc(4096, 0, S1) == p
+    check_invariants()

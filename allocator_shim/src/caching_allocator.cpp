@@ -19,7 +19,8 @@
 //   cached -> live            allocation (best fit in its pool; the rest of
 //                             the block is split off when worth it)
 //   live -> deferred          free during a graph capture of a block with
-//                             recorded streams: no event may be recorded now;
+//                             recorded streams (no event may be recorded now)
+//                             or noted uses (none may be queried now);
 //                             or a recorded stream got no event (the runtime
 //                             failed) and the host could not wait for it:
 //                             retried, never reusable before
@@ -654,10 +655,16 @@ void CachingAllocator::report_bad_free(void* ptr, ssize_t size, int device, Stre
     report(std::move(f));
 }
 
+// A free is deferred until no capture may be underway when it must record
+// an event (a recorded stream), or when it must ask whether a noted use has
+// finished (a query now could only answer "not yet": a false unrecorded_use).
 bool CachingAllocator::needs_capture_deferral(const Block* b) {
     for (const StreamUse& u : b->uses) {
-        if (!u.recorded) continue;
-        if (graph_pools_.any_capture_underway() || capturing(u.stream)) return true;
+        if (u.recorded) {
+            if (graph_pools_.any_capture_underway() || capturing(u.stream)) return true;
+        } else if (u.noted && u.event != nullptr && queries_frozen()) {
+            return true;
+        }
     }
     return false;
 }
