@@ -1,0 +1,36 @@
+"""The command line on the real torch_npu (over the stand-in CANN runtime),
+with torch_npu's task queue at its default: ``check`` enables the sanitizer
+before the script's first NPU op, in a fresh process (it used to hang there:
+a trace callback re-entered torch_npu's lazy init); ``snapshot`` installs
+the shim.  Nothing here runs on NPU hardware."""
+import pickle
+import subprocess
+
+from npu_helpers import PROGRAMS, REPO, npu_environment, require_npu_python
+
+
+def cli(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([require_npu_python(), "-m", "npu_lifetime.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=npu_environment(), cwd=str(REPO))
+
+
+def test_check_fails_a_missing_hand_off_on_npu():
+    done = cli("check", "--device", "npu", str(PROGRAMS / "script_missing_handoff.py"))
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "uncovered free" in done.stdout and "(npu:0)" in done.stdout
+    assert "script_missing_handoff.py:" in done.stdout  # the sites are the script's lines
+
+
+def test_check_passes_the_record_use_hand_off_on_npu():
+    done = cli("check", "--device", "npu", str(PROGRAMS / "script_record_use.py"))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "no findings" in done.stdout
+
+
+def test_snapshot_on_npu_writes_the_pictures(tmp_path):
+    out = tmp_path / "snap"
+    done = cli("snapshot", "--device", "npu", "--out", str(out), str(PROGRAMS / "script_record_use.py"))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "runtime acl" in done.stdout
+    snapshot = pickle.loads(out.with_suffix(".pickle").read_bytes())
+    assert snapshot["segments"] and out.with_suffix(".html").read_text().count("<svg") >= 1
