@@ -22,6 +22,8 @@ op = st.one_of(
     st.tuples(st.just("complete"), st.sampled_from(STREAMS)),
     st.tuples(st.just("process")),
     st.tuples(st.just("empty_cache")),
+    st.tuples(st.just("reset_accumulated")),
+    st.tuples(st.just("reset_peak")),
 )
 
 
@@ -111,6 +113,8 @@ def test_random_sequences_keep_the_invariants(sim_shim, ops, policy):
                 deps.discard(o[1])
         elif kind == "process":
             shim.process_events()
+        elif kind in ("reset_accumulated", "reset_peak"):
+            getattr(shim, kind)(0)  # the checker sees every statistic field stay >= 0
         elif kind == "empty_cache":
             shim.empty_cache()  # as torch's: the host waits for every freed block's events first
             for _, deps in t.quarantined.values():

@@ -349,3 +349,25 @@ def test_d9_a_noted_use_still_queued_is_reported_once_the_pool_closes(sim_shim):
     sim_shim.sim.complete(S2)
     assert sim_shim.alloc(4096, 0, S1) == p
     check_invariants()
+
+
+# ---- D10: statistics never underflow ---------------------------------------------------------------------
+
+def test_d10_active_freed_does_not_underflow_after_reset_accumulated_with_a_block_pending(sim_shim):
+    p = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_use(p, S2)
+    sim_shim.free(p, 4096, 0, S1)  # pending: still active
+    sim_shim.reset_accumulated(0)
+    s = sim_shim.stats()
+    # before: 2**64 - 1 and 2**64 - 4096 (freed since the reset minus what is pending, unsigned)
+    assert (s["active.all.freed"], s["active_bytes.all.freed"]) == (0, 0)
+    check_invariants()
+    sim_shim.sim.complete(S2)
+    sim_shim.process_events()  # it leaves the active set now
+    s = sim_shim.stats()
+    assert (s["active.all.freed"], s["active_bytes.all.freed"], s["active.all.current"]) == (1, 4096, 0)
+    q = sim_shim.alloc(4096, 0, S1)
+    sim_shim.free(q, 4096, 0, S1)
+    s = sim_shim.stats()
+    assert (s["active.all.allocated"], s["active.all.freed"]) == (1, 2)
+    check_invariants()

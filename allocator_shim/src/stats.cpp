@@ -36,14 +36,18 @@ void DeviceStats::derive_active() {
     const std::pair<StatId, std::pair<StatId, StatId>> derived[] = {
         {StatId::active, {StatId::allocation, StatId::pending}},
         {StatId::active_bytes, {StatId::allocated_bytes, StatId::pending_bytes}}};
-    for (const auto& d : derived) {
+    for (int i = 0; i < 2; ++i) {
+        const auto& d = derived[i];
         for (int pool = 0; pool < kPoolKinds; ++pool) {
             const Stat& live = stats[static_cast<int>(d.second.first)][pool];
             const Stat& pending = stats[static_cast<int>(d.second.second)][pool];
             Stat& a = stats[static_cast<int>(d.first)][pool];
             a.current = live.current + pending.current;
-            a.allocated = live.allocated;                  // every allocation makes a block active
-            a.freed = live.freed - pending.current;        // freed and no longer waiting
+            a.allocated = live.allocated;  // every allocation makes a block active
+            // Blocks that left the active set since the last reset: the frees
+            // since then, less those still pending, plus the blocks pending at
+            // the reset that have left since (never below zero).
+            a.freed = live.freed - pending.current + pending_at_reset[i][pool];
             if (a.current > a.peak) a.peak = a.current;
         }
     }
@@ -59,6 +63,10 @@ void DeviceStats::reset_peaks() {
 void DeviceStats::reset_accumulated() {
     for (auto& row : stats) {
         for (Stat& s : row) s.reset_accumulated();
+    }
+    for (int pool = 0; pool < kPoolKinds; ++pool) {
+        pending_at_reset[0][pool] = stats[static_cast<int>(StatId::pending)][pool].current;
+        pending_at_reset[1][pool] = stats[static_cast<int>(StatId::pending_bytes)][pool].current;
     }
 }
 

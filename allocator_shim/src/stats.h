@@ -92,6 +92,9 @@ struct Stat {
 struct DeviceStats {
     Stat stats[kStatCount][kPoolKinds];
     uint64_t counters[kCounterCount] = {};
+    // pending / pending_bytes when the accumulated values were last reset:
+    // those blocks leave the active set later, as frees counted before it.
+    int64_t pending_at_reset[2][kPoolKinds] = {};
 
     void add(StatId id, bool small, int64_t delta) {
         Stat* s = stats[static_cast<int>(id)];
