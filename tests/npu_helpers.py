@@ -48,14 +48,22 @@ def standin_environment(python: str) -> dict:
     return build.environment(python, base={})
 
 
+# NPU_LIFETIME_NPU_RUNTIME=cann: on a machine with an NPU and CANN installed,
+# the torch_npu interpreter uses them as they are (no stand-in is built), and
+# the tests that drive the stand-in's controls skip.
+ON_STANDIN = os.environ.get("NPU_LIFETIME_NPU_RUNTIME", "standin") != "cann"
+requires_standin = pytest.mark.skipif(not ON_STANDIN, reason="drives the stand-in CANN runtime's test controls")
+
+
 def npu_environment(env=None) -> dict:
     """os.environ with the stand-in's variables, PYTHONPATH at the repository
     and TASK_QUEUE_ENABLE unset unless ENV sets it (torch_npu's default)."""
     python = require_npu_python()
     merged = {k: v for k, v in os.environ.items() if k != "TASK_QUEUE_ENABLE" and not k.startswith("NPU_STANDIN_")}
-    standin = standin_environment(python)
-    paths = [standin["LD_LIBRARY_PATH"], os.environ.get("LD_LIBRARY_PATH", "")]
-    merged.update(standin, LD_LIBRARY_PATH=":".join(p for p in paths if p))
+    if ON_STANDIN:
+        standin = standin_environment(python)
+        paths = [standin["LD_LIBRARY_PATH"], os.environ.get("LD_LIBRARY_PATH", "")]
+        merged.update(standin, LD_LIBRARY_PATH=":".join(p for p in paths if p))
     merged["PYTHONPATH"] = ":".join(p for p in (str(REPO), str(PROGRAMS), os.environ.get("PYTHONPATH", "")) if p)
     merged.update(env or {})
     return merged

@@ -4,7 +4,7 @@ torch_npu's task queue at its default unless a test says otherwise.
 Nothing here runs on NPU hardware."""
 import pytest
 
-from npu_helpers import TASK_QUEUE_LEVELS, program_result, run_npu_program, task_queue_env
+from npu_helpers import TASK_QUEUE_LEVELS, program_result, requires_standin, run_npu_program, task_queue_env
 
 
 def run(program, *args, env=None):
@@ -20,6 +20,7 @@ def test_install_works_at_every_task_queue_level(level):
     assert r["reserved_after"] < r["reserved_before_empty_cache"]  # empty_cache reached it
 
 
+@requires_standin
 @pytest.mark.parametrize("level", ["1", "2"])
 @pytest.mark.parametrize("policy", ["poll", "lazy_wait"])
 def test_the_shims_events_follow_the_work_queued_before_them(level, policy):
@@ -33,6 +34,7 @@ def test_the_shims_events_follow_the_work_queued_before_them(level, policy):
         assert r["reused"] and r["waited"]  # handed out at once, behind a wait on that event
 
 
+@requires_standin
 @pytest.mark.parametrize("level", ["1", "2"])
 def test_without_the_queue_operations_the_event_overtakes_the_queued_kernel(level):
     # The failure the NPU bridge's queue operations remove: recorded straight
@@ -49,6 +51,7 @@ def test_torch_npu_memory_functions_return_the_shims_figures():
     assert r["snapshot_segments"] >= 1 and r["summary_has_title"] and r["fraction"] == 0.5
 
 
+@requires_standin  # the stand-in's memory cap
 def test_out_of_memory_raises_torchs_error_and_the_program_goes_on():
     r = run("out_of_memory", "64", env={"NPU_STANDIN_MEMORY_BYTES": str(32 << 20)})
     assert r["error"] and "out of memory" in r["error"].lower()

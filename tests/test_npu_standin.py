@@ -9,7 +9,10 @@ import subprocess
 
 import pytest
 
-from npu_helpers import TASK_QUEUE_LEVELS, npu_environment, program_result, run_npu_program, task_queue_env
+from npu_helpers import (TASK_QUEUE_LEVELS, npu_environment, program_result, requires_standin, run_npu_program,
+                         task_queue_env)
+
+pytestmark = requires_standin
 
 TEST_ALLOCATOR = r"""
 #include <stddef.h>
