@@ -3,6 +3,7 @@ the simulated device: every test here failed before its fix (see the commit
 that added it)."""
 import gc
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -347,3 +348,97 @@ def test_without_a_wait_the_collectives_output_still_races(gloo_world):
         del x
         gc.collect()
     assert kinds(san.flush()) == ["data_race"]
+
+
+# -- host threads each have their own clock --------------------------------------------------------------------------
+def _used_on_side():
+    side = sd.Stream()
+    x = torch.ones(8)
+    side.wait_stream(sd.default_stream())
+    with sd.stream(side):
+        x.sum()
+    return side, x
+
+
+def test_a_host_wait_on_another_thread_does_not_cover_a_free():
+    san = sanitizer()
+    with san:
+        side, x = _used_on_side()
+        synced = threading.Event()
+
+        def wait_for_side():
+            side.synchronize()  # this thread waits for side...
+            synced.set()
+
+        worker = threading.Thread(target=wait_for_side)
+        worker.start()
+        synced.wait()  # (threads are ordered only by start and join: this hand-off is not seen)
+        del x  # ...this one never did
+        gc.collect()
+        worker.join()
+    assert kinds(san.flush()) == ["uncovered_free"]
+
+
+def test_joining_a_thread_that_waited_covers_the_free():
+    san = sanitizer()
+    with san:
+        side, x = _used_on_side()
+        worker = threading.Thread(target=side.synchronize)
+        worker.start()
+        worker.join()  # ordered after everything the worker waited for
+        del x
+        gc.collect()
+    assert san.flush() == []
+
+
+def test_a_thread_started_after_a_wait_is_ordered_after_it():
+    san = sanitizer()
+    with san:
+        side, x = _used_on_side()
+        side.synchronize()
+        box = [x]
+        del x
+
+        def free_it():
+            box.clear()  # the last reference dies on this thread
+            gc.collect()
+
+        worker = threading.Thread(target=free_it)
+        worker.start()
+        worker.join()
+    assert san.flush() == []
+
+
+def test_a_free_on_another_thread_is_not_covered_by_this_threads_later_wait():
+    san = sanitizer()
+    with san:
+        side, x = _used_on_side()
+        box = [x]
+        del x
+        worker = threading.Thread(target=box.clear)  # frees x: that thread never waited for side
+        worker.start()
+        worker.join()
+        side.synchronize()  # too late: the free happened before
+        gc.collect()
+    assert kinds(san.flush()) == ["uncovered_free"]
+
+
+def test_the_model_keeps_a_clock_per_host_thread():
+    from npu_lifetime.lifetime import LifetimeModel
+
+    def run(join: bool):
+        m = LifetimeModel(host="T1")
+        for stream in "AU":
+            m.create_stream(stream)
+        m.allocate("x", "A")
+        m.wait_stream("U", "A")
+        m.read("x", "U")
+        m.set_host("T2")
+        m.synchronize_stream("U")  # T2 waits for the use
+        m.set_host("T1")
+        if join:
+            m.join_host("T2")  # T1 joins T2: ordered after its wait
+        return [f.kind for f in m.free("x")]
+
+    assert run(join=False) == ["uncovered_free"]
+    assert run(join=True) == []

@@ -6,9 +6,13 @@ it events.
 Happens-before is tracked with vector clocks.  Every stream ``S`` has a clock
 ``vc[S]`` mapping each stream to the latest of its operations that ``S`` is
 ordered after; ``S``'s own entry counts its operations.  An event holds a copy
-of its stream's clock at the record; waiting joins it in.  The host has a
-clock too: a host synchronisation joins into it, and every operation the host
-queues afterwards is ordered after it (joined lazily, once per host epoch).
+of its stream's clock at the record; waiting joins it in.  Each host thread
+has a clock too: a host synchronisation joins into the clock of the thread
+that waited, and every operation that thread queues afterwards is ordered
+after it (joined lazily, once per host epoch).  ``set_host`` names the
+thread issuing the next events; a thread started by another begins with its
+clock (``fork_host``), and joining a thread takes in its clock
+(``join_host``).  A wait on one thread covers nothing another thread frees.
 
 An access at ``(U, c)`` happens before a point with clock ``P`` iff
 ``P[U] >= c``.  A free of a block allocated on ``A`` is covered for a use
@@ -33,6 +37,7 @@ no reuse raced with is *latent*, and its ``ReuseOutcome`` says why.
 """
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from dataclasses import replace
@@ -210,11 +215,19 @@ class LifetimeModel:
         on_finding: Optional[Callable[[Finding], None]] = None,
         retain: bool = True,
         remember_frees: int = _FREED_MEMORY,
+        host: Hashable = None,
     ) -> None:
         self._streams: dict = {}
         self._events: dict = {}  # event -> Clock of its last record, or None
+        # host threads: the current one's clock and epoch are kept in _host / _host_epoch
+        # (read on the hot path); epochs are unique across hosts, so a stream's host_epoch
+        # says which version of which host's clock it has joined
+        self._epochs = itertools.count(1)
+        self._host_key: Hashable = host
         self._host: Clock = {}
         self._host_epoch = 0
+        self._hosts: dict = {host: [self._host, 0]}  # host -> [clock, epoch]
+        self._ended: set = set()  # hosts that issue nothing more (kept until joined)
         self._live: dict = {}
         self._by_address: dict = {}
         self._freed: OrderedDict = OrderedDict()  # storage -> free site
@@ -279,6 +292,65 @@ class LifetimeModel:
         self._host_join(
             s.vc for s in self._streams.values() if device is None or s.device == device
         )
+
+    # -- host threads -----------------------------------------------------------
+    def set_host(self, host: Hashable) -> None:
+        """The host thread that issues the events that follow."""
+        if host == self._host_key:
+            return
+        self._hosts[self._host_key][1] = self._host_epoch
+        entry = self._hosts.get(host)
+        if entry is None:
+            entry = self._hosts[host] = [{}, next(self._epochs)]
+        self._host_key = host
+        self._host, self._host_epoch = entry
+
+    def host_clock(self) -> Clock:
+        """A copy of the current host thread's clock (what a thread it starts
+        begins ordered after: pass it to ``fork_host``)."""
+        return dict(self._host)
+
+    def fork_host(self, child: Hashable, clock: Optional[Clock] = None) -> None:
+        """``child`` starts ordered after ``clock`` (by default the current
+        host's clock now): what its starter waited for before starting it."""
+        clock = dict(self._host) if clock is None else dict(clock)
+        if child == self._host_key:
+            _join(self._host, clock)
+            self._host_epoch = next(self._epochs)
+        else:
+            self._hosts[child] = [clock, next(self._epochs)]
+
+    def join_host(self, child: Hashable) -> None:
+        """The current host joined thread ``child``: it is ordered after
+        everything ``child`` waited for; ``child`` is forgotten."""
+        if child == self._host_key or child not in self._hosts:
+            return
+        clock, _ = self._hosts.pop(child)
+        self._ended.discard(child)
+        self._host_join([clock])
+
+    def follow_hosts(self, hosts: Iterable[Hashable]) -> None:
+        """The current host is ordered after everything ``hosts`` waited
+        for (a worker thread that serves their requests)."""
+        self._host_join([self._hosts[h][0] for h in hosts if h in self._hosts and h != self._host_key])
+
+    def end_host(self, host: Hashable) -> None:
+        """``host`` (a thread that ended) issues nothing more; its clock is
+        kept for a later ``join_host``."""
+        if host in self._hosts and host != self._host_key and host not in self._ended:
+            self._ended.add(host)
+            if self._outstanding.records:
+                self._retire_completed()
+
+    def forget_host(self, host: Hashable) -> None:
+        """``host`` is gone for good (its id now names another thread)."""
+        if host != self._host_key and self._hosts.pop(host, None) is not None:
+            self._ended.discard(host)
+            if self._outstanding.records:
+                self._retire_completed()
+
+    def hosts(self) -> tuple:
+        return tuple(self._hosts)
 
     # -- storages -----------------------------------------------------------
     def allocate(
@@ -507,15 +579,20 @@ class LifetimeModel:
         for clock in clocks:
             changed |= _join(self._host, clock)
         if changed:
-            self._host_epoch += 1
+            self._host_epoch = next(self._epochs)
             if self._outstanding.records:
                 self._retire_completed()
 
+    def _hosts_past(self, stream: Stream, clock: int) -> bool:
+        """Whether every host thread has synchronised past ``(stream, clock)``."""
+        self._hosts[self._host_key][0] = self._host
+        ended = self._ended
+        return all(entry[0].get(stream, 0) >= clock for host, entry in self._hosts.items() if host not in ended)
+
     def _retire_completed(self) -> None:
-        """Outstanding uses the host has synchronised past can race with
-        nothing any more: every later operation is ordered after them."""
-        host = self._host
-        for rec in self._outstanding.retire(lambda r: host.get(r.stream, 0) >= r.last_use.clock):
+        """Outstanding uses every host thread has synchronised past can race
+        with nothing any more: every later operation is ordered after them."""
+        for rec in self._outstanding.retire(lambda r: self._hosts_past(r.stream, r.last_use.clock)):
             rec.free.outcome.host_synced = True
 
     def _live_or_report(self, storage, stream, op, site, found: list) -> Optional[_Storage]:
@@ -560,7 +637,7 @@ class LifetimeModel:
             return
         stream = free.usage_stream
         write = s.last_write_on.get(stream)
-        if write is not None and write.clock <= self._host.get(stream, 0):
+        if write is not None and self._hosts_past(stream, write.clock):
             write = None  # the host synchronised past it
         cover = self._release_clock(s) if write is not None else None
         if write is not None and cover.get(stream, 0) >= write.clock:

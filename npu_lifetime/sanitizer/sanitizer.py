@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -40,6 +41,57 @@ class DataRaceError(RuntimeError):
     def __init__(self, races: list, text: str) -> None:
         super().__init__(text)
         self.races = races
+
+
+def _patch_threads() -> None:
+    """``Thread.start`` and ``Thread.join`` order host threads (a started
+    thread after its starter, a joiner after the joined): wrapped once per
+    process, they tell every enabled sanitizer.  Other hand-offs between
+    threads (queues, locks, events) are not seen."""
+    if getattr(threading.Thread.start, "_npu_lifetime", False):
+        return
+    start, join = threading.Thread.start, threading.Thread.join
+
+    def start_thread(thread, *args, **kwargs):
+        for sanitizer in dispatch.active():
+            sanitizer.on_thread_start(thread)
+        return start(thread, *args, **kwargs)
+
+    def join_thread(thread, *args, **kwargs):
+        out = join(thread, *args, **kwargs)
+        if not thread.is_alive():
+            for sanitizer in dispatch.active():
+                sanitizer.on_thread_joined(thread)
+        return out
+
+    start_thread._npu_lifetime = join_thread._npu_lifetime = True
+    threading.Thread.start, threading.Thread.join = start_thread, join_thread
+
+
+class _HostLock:
+    """The sanitizer's lock (reentrant): entering it also tells the model
+    which host thread issues what follows (each thread has its own host
+    clock: a wait on one thread covers nothing another frees; a thread
+    started from C++ follows the Python threads, see ``_set_host``)."""
+
+    __slots__ = ("_lock", "_sanitizer", "acquire", "release")
+
+    def __init__(self, sanitizer) -> None:
+        self._lock = threading.RLock()
+        self._sanitizer = sanitizer
+        self.acquire, self.release = self._lock.acquire, self._lock.release
+
+    def __enter__(self):
+        self._lock.acquire()
+        try:
+            self._sanitizer._set_host()
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
 
 
 class LifetimeSanitizer:
@@ -81,11 +133,13 @@ class LifetimeSanitizer:
             suppressions = Suppressions.load(suppressions)
         self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
-        self.model = LifetimeModel(retain=False, remember_frees=0)
+        self.model = LifetimeModel(retain=False, remember_frees=0, host=threading.main_thread().ident)
         self.storages = StorageTable(self.model, self.backend, self._free)
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
-        self._lock = threading.RLock()
+        self._lock = _HostLock(self)  # the model's lock; entering it names the calling thread as the host
+        self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
+        self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
         self._shim = ShimLink(self)
 
@@ -93,6 +147,7 @@ class LifetimeSanitizer:
     def enable(self) -> "LifetimeSanitizer":
         if self.enabled:
             return self
+        _patch_threads()
         self.backend.connect()
         self.storages.take_snapshot()
         self._shim.connect()
@@ -287,6 +342,47 @@ class LifetimeSanitizer:
             found = call(sid, stream, site=site)
             if found:
                 self._findings.add(found)
+
+    # -- host threads ---------------------------------------------------------------------------
+    def _set_host(self) -> None:
+        """Called with the lock held: the model's host is the calling thread.
+        A thread seen for the first time starts with the clock its starter
+        had (``on_thread_start``); threads that ended are forgotten then."""
+        ident = threading.get_ident()
+        model = self.model
+        if ident == model._host_key:
+            return
+        thread = threading.current_thread()
+        known = self._threads.get(ident)
+        if known is None or known() is not thread:  # new, or an ident reused by a new thread
+            if known is not None:
+                model.forget_host(ident)
+            alive = {t.ident for t in threading.enumerate()}
+            for ended in [i for i in self._threads if i not in alive]:
+                model.end_host(ended)  # its clock stays for a join
+            self._threads[ident] = weakref.ref(thread)
+            started_after = self._forks.pop(thread, None)
+            if started_after is not None:
+                model.fork_host(ident, started_after)
+        model.set_host(ident)
+        if isinstance(thread, threading._DummyThread):
+            # a thread started from C++ (autograd's engine threads, a backend's workers) does what a
+            # Python thread asked of it: it is taken as ordered after what the Python threads waited for
+            model.follow_hosts(i for i, t in self._threads.items() if not isinstance(t(), threading._DummyThread))
+
+    def on_thread_start(self, thread) -> None:
+        """``thread`` is about to start: it begins ordered after what the
+        starting thread waited for."""
+        with self._lock:
+            self._forks[thread] = self.model.host_clock()
+
+    def on_thread_joined(self, thread) -> None:
+        """The calling thread joined ``thread`` (it ended): ordered after
+        everything ``thread`` waited for."""
+        with self._lock:
+            known = self._threads.pop(thread.ident, None)
+            if known is not None and known() is thread:
+                self.model.join_host(thread.ident)
 
     # -- device events (from the hub) -------------------------------------------------------
     def _stream(self, key: tuple) -> tuple:
