@@ -39,6 +39,23 @@ class FuzzConfig:
     misuse: bool = True
     execute: bool = False  # also check verdicts on the simulated device
 
+    def __post_init__(self) -> None:
+        """Refuses what would run nothing or fail inside a worker (a negative
+        count ran 0 schedules, ``jobs=0`` ran anyway, a str failed deep in
+        the generator)."""
+        for name, least in (("schedules", 1), ("jobs", 1), ("max_steps", 1), ("max_streams", 1),
+                            ("max_events", 0), ("max_devices", 1), ("seed", None)):
+            value = getattr(self, name)
+            what = "an int" if least is None else f"an int >= {least}"
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"FuzzConfig: {name} must be {what}, not {type(value).__name__} {value!r}")
+            if least is not None and value < least:
+                raise ValueError(f"FuzzConfig: {name} must be at least {least}, not {value}")
+        for name in ("misuse", "execute"):
+            if not isinstance(getattr(self, name), bool):
+                value = getattr(self, name)
+                raise TypeError(f"FuzzConfig: {name} must be True or False, not {type(value).__name__} {value!r}")
+
 
 @dataclass(frozen=True)
 class Failure:

@@ -32,6 +32,7 @@ from npu_lifetime import fsdp2, memory, shim
 from npu_lifetime import recording as rec
 from npu_lifetime import simdevice as sd
 from npu_lifetime.cli import main
+from npu_lifetime.fuzz import FuzzConfig
 from npu_lifetime.handoff import RecordUseHandoff, SimHandoffDevice, run_handoff
 from npu_lifetime.recording import RecordUseError
 from npu_lifetime.shim import ShimError
@@ -470,6 +471,19 @@ RECORDER_ROWS = [
         r"not recording: start\(\) it first"),
 ]
 
+FUZZ_ROWS = [
+    Row("FuzzConfig schedules negative", lambda c: FuzzConfig(schedules=-1), ValueError,
+        r"^FuzzConfig: schedules must be at least 1, not -1$"),
+    Row("FuzzConfig jobs 0", lambda c: FuzzConfig(jobs=0), ValueError, r"jobs must be at least 1, not 0"),
+    Row("FuzzConfig max_steps str", lambda c: FuzzConfig(max_steps="5"), TypeError,
+        r"max_steps must be an int >= 1, not str '5'"),
+    Row("FuzzConfig max_events negative", lambda c: FuzzConfig(max_events=-1), ValueError,
+        r"max_events must be at least 0, not -1"),
+    Row("FuzzConfig seed float", lambda c: FuzzConfig(seed=1.5), TypeError, r"seed must be an int, not float 1\.5"),
+    Row("FuzzConfig misuse str", lambda c: FuzzConfig(misuse="no"), TypeError,
+        r"misuse must be True or False, not str 'no'"),
+]
+
 CLI_ROWS = [
     Row("no command", cli(), 2, r"the following arguments are required: command"),
     Row("unknown command", cli("bogus"), 2, r"invalid choice: 'bogus'"),
@@ -584,9 +598,14 @@ CHECK_ROWS = [
         r"the script says why(.|\n)*the script exited: the script says why", ran=True),
     Row("fuzz no schedules", cli("fuzz", "-n", "0"), 2, r"--schedules must be at least 1"),
     Row("fuzz no jobs", cli("fuzz", "-n", "5", "-j", "0"), 2, r"--jobs must be at least 1"),
+    Row("fuzz max events negative", cli("fuzz", "-n", "5", "--max-events", "-1"), 2,
+        r"^npu-lifetime: --max-events must be at least 0, not -1$"),
+    Row("fuzz max events negative, one job", cli("fuzz", "-n", "5", "-j", "1", "--max-events", "-1"), 2,
+        r"--max-events must be at least 0"),
 ]
 
-ROWS = (SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + CLI_ROWS
+ROWS = (SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + FUZZ_ROWS
+        + CLI_ROWS
         + CHECK_ROWS)
 
 
