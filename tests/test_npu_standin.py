@@ -74,6 +74,17 @@ def test_common_ops_give_the_right_values(task_queue):
     assert sum(result["tanh_neg_abs"], []) == pytest.approx([math.tanh(v) for v in range(6)])
     assert result["equal"] == [True, False]
     assert result["eq"] == [[True, False, True], [False, True, False]]
+    assert result["compare_scalar"] == [
+        [[False, False, False], [True, True, True]], [[False, False, True], [True, True, True]],
+        [[True, True, False], [False, False, False]], [[True, True, True], [False, False, False]],
+        [[True, True, False], [True, True, True]]]
+    assert result["gt_tensor_broadcast"] == [[False, False, True], [False, False, True]]
+    assert result["gt_int_vs_real"] == [True, True, True]
+    assert result["gt_in_place"] == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert result["isfinite"] == [True, False, False, True]
+    assert result["nonzero"] == [[0, 1], [1, 0], [1, 2]]
+    assert result["nonzero_none"] == [0, 1]
+    assert result["bool_of_a_comparison"] is True
     assert result["copy_chain"] == [3.0, 6.0, 9.0, 12.0]
     assert result["pinned_non_blocking"] == [0.0, 1.0, 2.0, 3.0]
     assert abs(result["randn"]["mean"]) < 0.15 and 0.85 < result["randn"]["std"] < 1.15

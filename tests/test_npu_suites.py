@@ -20,7 +20,7 @@ def run_npu_pytest(*args: str, timeout: float = 900) -> subprocess.CompletedProc
 SUITES = {
     "test_sanitizer_table.py": 15,
     "test_sanitizer_record_stream_matrix.py": 17,
-    "test_sanitizer_devices.py": 1,
+    "test_sanitizer_devices.py": 14,
 }
 
 

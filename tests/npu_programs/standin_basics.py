@@ -44,6 +44,14 @@ def main() -> dict:
         "tanh_neg_abs": values(torch.tanh(-an).abs()),
         "equal": [torch.equal(an, an.clone()), torch.equal(an, an + 1)],
         "eq": values(an == torch.tensor([0.0, 4.0, 2.0], device="npu")),
+        "compare_scalar": [values(an > 2), values(an >= 2), values(an < 2), values(an <= 2), values(an != 2)],
+        "gt_tensor_broadcast": values(an > torch.tensor([[1.0], [4.0]], device="npu")),
+        "gt_int_vs_real": values(torch.arange(3, device="npu") > -0.5),
+        "gt_in_place": values(an.clone().gt_(2)),
+        "isfinite": values(torch.isfinite(torch.tensor([1.0, float("inf"), float("nan"), -2.0]).npu())),
+        "nonzero": values(torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]]).npu().nonzero()),
+        "nonzero_none": list(torch.zeros(4, device="npu").nonzero().shape),
+        "bool_of_a_comparison": bool(an[1, 2] > 4),
     })
     x = torch.zeros(4, device="npu")
     x.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))

@@ -103,6 +103,10 @@ struct aclOpExecutor {
     int scalar_count;
     int64_t ints[STANDIN_MAX_OPERANDS];
     double reals[STANDIN_MAX_OPERANDS];
+    /* The caller's aclTensor whose view shape the kernel writes back, for a
+     * data-dependent output (nonzero: the caller synchronizes the stream,
+     * then reads it with aclGetViewShape); NULL for the others. */
+    aclTensor *shape_out;
 };
 /* Phase one: a new executor for NAME (NULL when out of memory) ... */
 aclOpExecutor *standin_executor(const char *name, standin_kernel kernel, uint64_t *workspace_size,

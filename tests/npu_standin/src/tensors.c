@@ -64,6 +64,28 @@ STANDIN_EXPORT int aclDestroyTensor(const aclTensor *tensor)
 }
 CHECKED(aclDestroyTensor);
 
+/* The view shape of TENSOR as a new array the caller frees: op-plugin reads
+ * a data-dependent output's shape this way after its kernel ran (nonzero)
+ * and releases it with delete[], which for an int64_t array is free() in
+ * libstdc++. Op-plugin calls it through int (*)(const aclTensor *,
+ * int64_t **, uint64_t *) (NonzeroKernelNpuOpApi.cpp; no header has it). */
+STANDIN_EXPORT int aclGetViewShape(const aclTensor *tensor, int64_t **view_dims, uint64_t *view_dims_num)
+{
+    STANDIN_CALLED();
+    if (tensor == NULL || view_dims == NULL || view_dims_num == NULL)
+        return 161001; /* ACLNN_ERR_PARAM_NULLPTR */
+    int64_t *dims = malloc((tensor->ndim ? tensor->ndim : 1) * sizeof *dims);
+    if (dims == NULL)
+        return ACL_ERROR_RT_MEMORY_ALLOCATION;
+    standin_lock(); /* the kernel wrote it on the stream's worker */
+    for (uint64_t i = 0; i < tensor->ndim; ++i)
+        dims[i] = tensor->dims[i];
+    *view_dims_num = tensor->ndim;
+    standin_unlock();
+    *view_dims = dims;
+    return 0;
+}
+
 STANDIN_EXPORT aclScalar *aclCreateScalar(void *value, aclDataType data_type)
 {
     STANDIN_CALLED();
