@@ -55,6 +55,7 @@ def _check(args: argparse.Namespace) -> int:
 
     try:
         check_json_path(args.json)
+        _note_options_for_the_script(args)
         result = check_script(
             args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
             live=not args.no_live, on_race=args.on_race, strict=args.strict,
@@ -90,7 +91,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         if args.demo:
             outcome = run_demo(args.trace_capacity)
         else:
-            _note_options_for_the_script(args.args, args.own_options)
+            _note_options_for_the_script(args)
             outcome = run_script(args.script, args.args, resolve_device(args.device), args.policy, args.sanitize,
                                  args.trace_capacity)
     except SnapshotError as err:
@@ -157,12 +158,12 @@ def _default_prefix(script: Optional[str]) -> str:
     return os.path.splitext(script)[0] + ".snapshot"
 
 
-def _note_options_for_the_script(script_args: list, own_options: tuple) -> None:
+def _note_options_for_the_script(args: argparse.Namespace) -> None:
     """Everything after the script is the script's (as with python); say so
     when one of those looks like ours."""
-    ours = [a.split("=")[0] for a in script_args if a.split("=")[0] in own_options]
+    ours = [a.split("=")[0] for a in args.args if a.split("=")[0] in args.own_options]
     if ours:
-        print(f"npu-lifetime snapshot: note: {', '.join(ours)} after the script are passed to the script (its "
+        print(f"npu-lifetime {args.command}: note: {', '.join(ours)} after the script are passed to the script (its "
               "sys.argv); put npu-lifetime's own options before the script", file=sys.stderr)
 
 
@@ -353,7 +354,9 @@ def _parser() -> argparse.ArgumentParser:
                     "uncovered free (latent or actual: the report says which, and why a latent one did not "
                     "corrupt this run), invalid frees and uses after free; known-safe patterns are silenced only "
                     "explicitly (--suppressions, --allow-latent); 2 bad usage (no such script, a device this "
-                    "machine lacks, a malformed suppressions file), 3 the script itself failed.",
+                    "machine lacks, a malformed suppressions file), 3 the script itself failed. Options go before "
+                    "SCRIPT; what follows SCRIPT is the script's own arguments (its sys.argv, as with python): one "
+                    "of the options below written after SCRIPT is passed to the script, and a note on stderr says so.",
     )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")
@@ -373,7 +376,7 @@ def _parser() -> argparse.ArgumentParser:
                         "uncovered")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(run=_check)
+    p.set_defaults(run=_check, own_options=_option_strings(p))
 
     p = sub.add_parser(
         "snapshot", help="run a script with the shim recording; write a memory-viewer pickle and an HTML timeline",

@@ -596,6 +596,12 @@ CHECK_ROWS = [
         r"the script exited with status 3", ran=True),
     Row("check script exits with a message", cli("check", "--device", "sim", "exitmsg.py"), 3,
         r"the script says why(.|\n)*the script exited: the script says why", ran=True),
+    Row("check our option after the script", cli("check", "--device", "sim", "ok.py", "--strict"), 0,
+        r"^npu-lifetime check: note: --strict after the script are passed to the script \(its sys\.argv\); put "
+        r"npu-lifetime's own options before the script$", ran=True),
+    Row("check our options after the script, one with a value",
+        cli("check", "--device", "sim", "ok.py", "--json=f.json", "--allow-latent", "-v"), 0,
+        r"note: --json, --allow-latent after the script are passed to the script", ran=True),
     Row("fuzz no schedules", cli("fuzz", "-n", "0"), 2, r"--schedules must be at least 1"),
     Row("fuzz no jobs", cli("fuzz", "-n", "5", "-j", "0"), 2, r"--jobs must be at least 1"),
     Row("fuzz max events negative", cli("fuzz", "-n", "5", "--max-events", "-1"), 2,
@@ -712,6 +718,13 @@ def test_help_states_the_exit_codes(command, capsys):
     assert "exit codes (every command):" in out
     assert re.search(r"2 +bad input: .* a device this machine lacks", out)
     assert re.search(r"3 +the script \(check, snapshot\) or the benchmark \(bench\) failed", out)
+
+
+@pytest.mark.parametrize("command", ["check", "snapshot"])
+def test_help_says_what_follows_the_script_is_the_scripts(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Options go before SCRIPT; what follows SCRIPT is the script's own arguments" in out
 
 
 def test_version(capsys):
