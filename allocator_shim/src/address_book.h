@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 
 #include "block.h"
@@ -20,17 +21,26 @@ struct Address {
     size_t freed_size = 0;
     Stream freed_stream = nullptr;
     bool freed = false;
+    // the book's list of freed addresses, oldest first (see AddressBook)
+    bool listed = false;
+    const void* key = nullptr;
+    Address* older = nullptr;
+    Address* newer = nullptr;
 };
 
 class AddressBook {
    public:
-    // Entries for freed addresses are kept up to this many; past it they
-    // are forgotten (then a stale free reads as an unknown pointer).
-    static constexpr size_t kMaxEntries = 1 << 20;
+    // Freed addresses are remembered up to this many, in the order they were
+    // first freed; past it the oldest is forgotten (a stale free of it then
+    // reads as an unknown pointer), one per free: bounded work, however many
+    // blocks are live.  An address on the list that has a live owner again
+    // keeps its place; reaching the front it just leaves the list.
+    static constexpr size_t kMaxFreed = 1 << 20;
 
     // A new owner at `b->ptr`: sets `b->generation`.
     void on_alloc(Block* b) {
         Address& a = map_[b->ptr];
+        a.key = b->ptr;
         a.live = b;
         b->generation = ++a.generation;
     }
@@ -53,23 +63,62 @@ class AddressBook {
         a.freed = true;
         a.freed_size = b->requested;
         a.freed_stream = b->stream;
-        if (map_.size() > kMaxEntries) forget_freed();
+        if (!a.listed) append(&a);
     }
-    void clear() { map_.clear(); }
+    void clear() {
+        map_.clear();
+        oldest_ = newest_ = nullptr;
+        listed_ = 0;
+    }
     size_t size() const { return map_.size(); }
+    size_t listed() const { return listed_; }
     template <typename F>
     void for_each(F f) const {
         for (const auto& entry : map_) f(entry.first, entry.second);
     }
+    // Why the list of freed addresses is inconsistent, or "" (the invariant checker).
+    std::string list_problem() const {
+        size_t n = 0;
+        const Address* older = nullptr;
+        for (const Address* a = oldest_; a != nullptr; older = a, a = a->newer) {
+            if (++n > listed_) return "the list of freed addresses is longer than its count";
+            if (!a->listed || a->older != older) return "the list of freed addresses is broken";
+            auto it = map_.find(const_cast<void*>(a->key));
+            if (it == map_.end() || &it->second != a) return "a listed freed address is not in the book";
+        }
+        if (n != listed_ || older != newest_) return "the list of freed addresses is shorter than its count";
+        for (const auto& entry : map_) {
+            if (entry.second.live == nullptr && !entry.second.listed) return "a freed address is not on the list";
+        }
+        return listed_ > kMaxFreed ? "more freed addresses listed than the bound" : "";
+    }
 
    private:
-    void forget_freed() {
-        for (auto it = map_.begin(); it != map_.end();) {
-            it = it->second.live == nullptr ? map_.erase(it) : std::next(it);
-        }
+    // Entries are never moved by the map (std::unordered_map keeps its
+    // nodes), so the list links them directly.
+    void append(Address* a) {
+        a->listed = true;
+        a->older = newest_;
+        a->newer = nullptr;
+        if (newest_ != nullptr) newest_->newer = a;
+        newest_ = a;
+        if (oldest_ == nullptr) oldest_ = a;
+        if (++listed_ > kMaxFreed) forget_oldest();
+    }
+    void forget_oldest() {
+        Address* a = oldest_;
+        oldest_ = a->newer;
+        if (oldest_ != nullptr) oldest_->older = nullptr;
+        else newest_ = nullptr;
+        listed_--;
+        a->listed = false;
+        if (a->live == nullptr) map_.erase(const_cast<void*>(a->key));  // a freed address: forgotten
     }
 
     std::unordered_map<void*, Address> map_;
+    Address* oldest_ = nullptr;  // the list of freed addresses
+    Address* newest_ = nullptr;
+    size_t listed_ = 0;
 };
 
 }  // namespace npl

@@ -245,7 +245,10 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
         for (Event e : entry.second) note_event(e, "the event pool of device " + std::to_string(entry.first));
     }
 
-    // The address book: every live entry is a live block at that address.
+    // The address book: every live entry is a live block at that address,
+    // every freed one on its bounded list of freed addresses.
+    std::string book = book_.list_problem();
+    if (!book.empty()) fail("address book: " + book);
     book_.for_each([&](const void* ptr, const Address& a) {
         if (a.live == nullptr) return;
         if (a.live->ptr != ptr || a.live->state != BlockState::live) {
