@@ -12,6 +12,13 @@ Like CUDA, an op that reads device data back to the host (``.item()``,
 indexing...) synchronises the host with the current stream after its
 kernels: the sanitizer's dispatch mode calls ``op_ran`` for each op (CPU ops
 have no other hook), and such an op notifies a stream synchronisation.
+Autograd's stream semantics are CUDA's (``autograd_streams``): each backward
+op runs on the stream its forward op ran on, after waiting for the streams
+that produced its input gradients (the caller's stream for the initial
+gradient), which are recorded on its stream (``record_stream``, as the
+engine does), and the caller's stream waits for the backward's streams when
+``backward()`` / ``autograd.grad()`` returns.
+
 Every tensor is host memory, so the copies to the host that a CUDA program
 relies on (``.tolist()``, ``.cpu()``, ``.numpy()``) dispatch nothing: the
 sanitizer's simulated backend takes each as a read on the current stream
@@ -22,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+from collections import OrderedDict
 from typing import Optional
 
 DEVICE_INDEX = 0
@@ -186,3 +194,115 @@ def op_ran(func, args: tuple) -> None:
     data back to the host synchronises it with the current stream."""
     if reads_back_to_host(func, args):
         current_stream().synchronize()
+
+
+# -- autograd's stream semantics ----------------------------------------------------------------------------------
+_forward_streams: OrderedDict = OrderedDict()  # autograd node sequence number -> the stream its forward ran on
+_FORWARD_STREAMS_KEPT = 1 << 16
+
+
+class _BackwardPass:
+    """One ``backward()`` / ``autograd.grad()`` call on this thread."""
+
+    __slots__ = ("caller", "used", "pending", "watched", "handles")
+
+    def __init__(self, caller: Stream) -> None:
+        self.caller = caller
+        self.used: set = set()  # streams the backward ran on
+        self.pending: dict = {}  # node -> streams that produced its input gradients
+        self.watched: set = set()  # nodes given the pre-hook below
+        self.handles: list = []  # the pre-hooks, removed when the call returns
+
+
+def op_starting() -> None:
+    """Called by the sanitizer's dispatch mode before each op: in a forward,
+    notes the stream of the autograd node the op's autograd kernel just made
+    (the node's sequence number is the last one handed out on this thread)."""
+    import torch
+
+    if torch._C._current_autograd_node() is not None:
+        return  # a backward op: its node's pre-hook chose its stream
+    seq = torch._C._autograd._get_sequence_nr() - 1
+    if seq >= 0 and seq not in _forward_streams:
+        _forward_streams[seq] = current_stream()
+        if len(_forward_streams) > _FORWARD_STREAMS_KEPT:
+            _forward_streams.popitem(last=False)
+
+
+def _watch(bw: _BackwardPass, node) -> None:
+    if node is None or node in bw.watched:
+        return
+    bw.watched.add(node)
+    bw.handles.append(node.register_prehook(lambda grads, node=node: _enter(bw, node, grads)))
+
+
+def _enter(bw: _BackwardPass, node, grads) -> None:
+    """The engine is about to run ``node`` (a pre-hook: its input gradients
+    are ready): on its forward's stream (a node with no forward op, e.g.
+    AccumulateGrad, on its gradient's producer's), after waiting for the
+    streams that produced its input gradients (for a root, the caller's;
+    with none known, every stream used so far); each gradient is recorded
+    on that stream (``record_stream``), as the engine's input buffer does."""
+    producers = bw.pending.pop(node, None)
+    stream = _forward_streams.get(node._sequence_nr())
+    if stream is None:
+        stream = next(iter(producers)) if producers else bw.caller
+    for producer in producers if producers else (bw.used | {bw.caller}):
+        if producer != stream:
+            stream.wait_stream(producer)
+    import torch
+
+    for grad in grads:
+        if isinstance(grad, torch.Tensor) and grad.is_cpu:
+            _notify("record_stream", grad, stream.key)
+    bw.used.add(stream)
+    set_stream(stream)
+    for next_node, _ in node.next_functions:
+        if next_node is not None:
+            bw.pending.setdefault(next_node, set()).add(stream)
+            _watch(bw, next_node)
+
+
+def _roots(args: tuple, kwargs: dict, name: str) -> tuple:
+    import torch
+
+    value = args[0] if args else kwargs.get("tensors" if name == "backward" else "outputs")
+    tensors = (value,) if isinstance(value, torch.Tensor) else tuple(value or ())
+    return tuple(t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+
+
+def _autograd_entry(original, name: str):
+    def run(*args, **kwargs):
+        caller = current_stream()
+        passes = _state.__dict__.setdefault("backward", [])
+        bw = _BackwardPass(caller)
+        passes.append(bw)
+        try:
+            for root in _roots(args, kwargs, name):
+                _watch(bw, root)
+            return original(*args, **kwargs)
+        finally:
+            passes.pop()
+            for handle in bw.handles:
+                handle.remove()
+            set_stream(caller)
+            for stream in bw.used:  # the caller's stream waits for the backward's (the engine's final sync)
+                if stream != caller:
+                    caller.wait_stream(stream)
+
+    run._npu_lifetime_original = original
+    run.__doc__, run.__name__ = original.__doc__, original.__name__
+    return run
+
+
+def autograd_streams() -> None:
+    """Gives ``torch.autograd.backward`` / ``grad`` (and so
+    ``Tensor.backward``) CUDA's stream semantics on the simulated device
+    (once per process): pre-hooks on the graph's nodes move each node's ops
+    to its forward's stream, with the engine's waits and record_stream."""
+    import torch.autograd
+
+    for name in ("backward", "grad"):
+        function = getattr(torch.autograd, name)
+        if not hasattr(function, "_npu_lifetime_original"):
+            setattr(torch.autograd, name, _autograd_entry(function, name))

@@ -442,3 +442,44 @@ def test_the_model_keeps_a_clock_per_host_thread():
 
     assert run(join=False) == ["uncovered_free"]
     assert run(join=True) == []
+
+
+# -- autograd's stream semantics: each backward op on its forward op's stream ---------------------------------------
+def test_backward_ops_run_on_their_forward_ops_streams():
+    """Race-free on CUDA: the forward runs on side, backward() is called on
+    the default stream with no wait; autograd runs each backward op on its
+    forward op's stream (after a wait for the caller's stream, where the
+    initial gradient, ones_like(loss), is made: it reads nothing of loss), and
+    the caller's stream waits for the backward's streams at the end."""
+    san = sanitizer()
+    with san:
+        side = sd.Stream()
+        w = torch.ones(8, requires_grad=True)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            h = w * 2  # written on side
+            loss = (h * h).sum()  # saves h for the backward
+        loss.backward()  # MulBackward0 reads h: on side, as on CUDA
+        total = w.grad.sum()  # on the default stream, ordered after the backward
+        del h, loss, total
+        gc.collect()
+    assert [f for f in san.flush() if not f.live] == []
+
+
+def test_backward_nodes_wait_for_the_streams_that_produced_their_gradients():
+    san = sanitizer()
+    with san:
+        s1, s2 = sd.Stream(), sd.Stream()
+        w = torch.ones(8, requires_grad=True)
+        for s in (s1, s2):
+            s.wait_stream(sd.default_stream())
+        with sd.stream(s1):
+            a = (w * 3).exp()  # forward on s1
+        s2.wait_stream(s1)
+        with sd.stream(s2):
+            loss = (a * a).sum()  # forward on s2, saving a (s1's)
+        loss.backward()  # a's gradient is made on s2, consumed by ExpBackward on s1 (which waits for s2)
+        grad = w.grad.clone()
+        del a, loss, grad
+        gc.collect()
+    assert [f for f in san.flush() if not f.live] == []

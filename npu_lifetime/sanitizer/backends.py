@@ -51,6 +51,9 @@ class Backend:
         allocator holds now (for storages allocated before tracking)."""
         return {}
 
+    def before_op(self) -> None:
+        """Called before each op is dispatched (and before its frame opens)."""
+
     def inside_op(self, func, args: tuple) -> None:
         """Called after an op ran, before its frame closes."""
 
@@ -280,6 +283,7 @@ class SimBackend(Backend):
         simdevice.add_listener(_SimListener(self.hub))
         _patch_storage_resize(self.hub)
         _patch_read_backs(self.hub)
+        simdevice.autograd_streams()
 
     def current_device(self) -> int:
         return simdevice.DEVICE_INDEX
@@ -291,6 +295,9 @@ class SimBackend(Backend):
         if isinstance(stream, simdevice.Stream):
             return stream.key
         return (stream.device_index, stream.stream_id)
+
+    def before_op(self) -> None:
+        simdevice.op_starting()
 
     def inside_op(self, func, args: tuple) -> None:
         simdevice.op_ran(func, args)
@@ -381,7 +388,7 @@ def _forward(name: str):
 
 
 for _name in ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
-              "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync"):
+              "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync", "record_stream"):
     setattr(_SimListener, _name, _forward(_name))
 
 

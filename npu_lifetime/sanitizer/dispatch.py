@@ -104,6 +104,8 @@ class _Mode(TorchDispatchMode):
             for s in sanitizers:
                 s.lifetime_op(func, args, kwargs)
             return func(*args, **kwargs)
+        for backend in _backends:
+            backend.before_op()  # the simulated device: autograd's streams (the op's stream, its waits)
         plan = accesses.plan(func)
         if not plan.touches_data:
             if plan.resizes:
