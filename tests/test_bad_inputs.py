@@ -35,6 +35,7 @@ from npu_lifetime.cli import main
 from npu_lifetime.fuzz import FuzzConfig
 from npu_lifetime.handoff import RecordUseHandoff, SimHandoffDevice, run_handoff
 from npu_lifetime.recording import RecordUseError
+from npu_lifetime.schedules import Adopt, Alloc, Schedule, ScheduleError
 from npu_lifetime.shim import ShimError
 from npu_lifetime.shim import install as install_module
 from npu_lifetime.shim.install import InstallError
@@ -471,7 +472,21 @@ RECORDER_ROWS = [
         r"not recording: start\(\) it first"),
 ]
 
-FUZZ_ROWS = [
+FUZZ_ROWS = [  # the fuzzer and its schedule language
+    Row("Schedule negative size", lambda c: Schedule(2, 0, (Alloc(0, 0, 0, -4),)), ScheduleError,
+        r"^step 0 Alloc\(tensor=0, stream=0, address=0, size=-4\): size must be at least 1 cell, not -4$"),
+    Row("Schedule adopted size 0", lambda c: Schedule(2, 0, (Adopt(0, 1, 8, 0),)), ScheduleError,
+        r"size must be at least 1 cell, not 0"),
+    Row("Schedule negative address", lambda c: Schedule(2, 0, (Alloc(0, 0, -8),)), ScheduleError,
+        r"address must be at least 0, not -8"),
+    Row("Schedule size str", lambda c: Schedule(2, 0, (Alloc(0, 0, 0, "4"),)), ScheduleError,
+        r"size must be an int \(cells\), not str '4'"),
+    Row("Schedule no streams", lambda c: Schedule(0, 0, ()), ScheduleError,
+        r"^Schedule: streams must be at least 1, not 0$"),
+    Row("Schedule devices 0", lambda c: Schedule(2, 0, (), devices=0), ScheduleError,
+        r"devices must be at least 1, not 0"),
+    Row("Schedule events negative", lambda c: Schedule(2, -1, ()), ScheduleError, r"events must be at least 0, not -1"),
+    Row("Schedule streams float", lambda c: Schedule(2.0, 0, ()), TypeError, r"streams must be an int, not float 2\.0"),
     Row("FuzzConfig schedules negative", lambda c: FuzzConfig(schedules=-1), ValueError,
         r"^FuzzConfig: schedules must be at least 1, not -1$"),
     Row("FuzzConfig jobs 0", lambda c: FuzzConfig(jobs=0), ValueError, r"jobs must be at least 1, not 0"),

@@ -171,6 +171,12 @@ class Schedule:
     devices: int = 1
 
     def __post_init__(self) -> None:
+        for name, least in (("streams", 1), ("events", 0), ("devices", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Schedule: {name} must be an int, not {type(value).__name__} {value!r}")
+            if value < least:
+                raise ScheduleError(f"Schedule: {name} must be at least {least}, not {value}")
         object.__setattr__(self, "steps", tuple(self.steps))
         self.validate()
 
@@ -195,6 +201,13 @@ class Schedule:
             return f"device {step.device} out of range 0..{self.devices - 1}"
         if isinstance(step, Op):
             return self._op_problem(step, tensors)
+        if isinstance(step, (Alloc, Adopt)):
+            for name, least, unit in (("address", 0, ""), ("size", 1, " cell")):
+                value = getattr(step, name)
+                if isinstance(value, bool) or not isinstance(value, int):
+                    return f"{name} must be an int (cells), not {type(value).__name__} {value!r}"
+                if value < least:
+                    return f"{name} must be at least {least}{unit}, not {value}"
         if isinstance(step, (Alloc, Adopt, View)):
             if step.tensor in tensors:
                 return f"tensor {step.tensor} already named"
