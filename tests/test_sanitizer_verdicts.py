@@ -483,3 +483,27 @@ def test_backward_nodes_wait_for_the_streams_that_produced_their_gradients():
         del a, loss, grad
         gc.collect()
     assert [f for f in san.flush() if not f.live] == []
+
+
+# -- an op whose output shape depends on the data writes its output after its host sync ---------------------------
+@pytest.mark.parametrize("op", [lambda t: t.nonzero(), lambda t: t.masked_select(t > 0), lambda t: t.unique()],
+                         ids=["nonzero", "masked_select", "unique"])
+def test_a_data_dependent_output_is_written_after_the_ops_host_sync(op):
+    """On CUDA, nonzero reads its input, synchronises the host to learn the
+    output's size, then writes the output: a read of the output on another
+    stream with no wait races with that write."""
+    san = sanitizer()
+    with san:
+        s1, s2 = sd.Stream(), sd.Stream()
+        x = torch.ones(8)
+        s2.wait_stream(sd.default_stream())
+        with sd.stream(s2):
+            out = op(x)  # the output is written on s2, after the host sync
+        npu_lifetime.record_use(x, s2)
+        with sd.stream(s1):
+            out.sum()  # no wait for s2
+        npu_lifetime.record_use(out, s1)
+        del x, out
+        gc.collect()
+    races = [f for f in san.flush() if f.kind == "data_race"]
+    assert [(r.access.stream, r.prior.stream, r.prior.is_write) for r in races] == [(s1.key, s2.key, True)]

@@ -14,7 +14,9 @@ device their order is fixed by what the op does:
   the kernels they read back.
 
 So the accesses go right before the first in-op event that is a record on
-the op's stream or a host synchronisation, or after all in-op events.  The
+the op's stream or a host synchronisation, or after all in-op events; the
+writes of fresh outputs go after the first host synchronisation, where an
+op whose output size depends on the data (``nonzero``) writes its output.  The
 lifetime model then sees the op as the device runs it.  (An op that
 synchronises the host before its kernels, e.g. an out-of-memory retry
 inside an allocation, is placed as if the sync came after: such syncs are
@@ -34,6 +36,18 @@ def access_point(events: Sequence[tuple], stream: Hashable) -> int:
         if kind == HOST_SYNC or (kind == RECORD and on == stream):
             return i
     return len(events)
+
+
+def output_point(events: Sequence[tuple], stream: Hashable) -> int:
+    """Index in ``events`` before which the writes of the op's fresh
+    outputs go: right after its first host synchronisation, if any (an op
+    whose output's size depends on the data, ``nonzero``, ``masked_select``,
+    ``unique``..., reads its input, synchronises the host to learn the size,
+    then allocates and writes the output), else with its other accesses."""
+    for i, (kind, _) in enumerate(events):
+        if kind == HOST_SYNC:
+            return i + 1
+    return access_point(events, stream)
 
 
 def first_waiter(events: Sequence[tuple]) -> Optional[Hashable]:

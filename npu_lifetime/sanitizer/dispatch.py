@@ -22,7 +22,7 @@ from typing import Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter
+from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
 from . import accesses, collectives, sites
 from .hub import OpFrame, pop_frame, push_frame
 
@@ -231,6 +231,12 @@ def _in_device_order(backend, func, plan, args, kwargs, outputs, found: list, ev
             if own is not None:
                 return [*events, *_on_own_stream(backend, own, current, found, outputs)]
     point = access_point(kinds, stream)
+    after = output_point(kinds, stream)
+    outputs = [a for a in found if a.fresh]
+    if outputs and after > point:  # written after the op's host sync (nonzero's output)
+        inputs = [a for a in found if not a.fresh]
+        return [*events[:point], ("accesses", (stream, inputs, current)), *events[point:after],
+                ("accesses", (stream, outputs, current)), *events[after:]]
     return [*events[:point], ("accesses", (stream, found, current)), *events[point:]]
 
 
