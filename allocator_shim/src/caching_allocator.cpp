@@ -83,7 +83,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <utility>
 
 #include "json.h"
@@ -247,33 +246,29 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
         return nullptr;  // a zero-byte request needs no memory
     }
     // Every NULL for a positive size leaves its own reason in
-    // last_oom_message() (what torch's bridge raises), never an earlier one's.
-    try {
-        std::lock_guard<std::mutex> lock(mu_);
-        ensure_runtime();
-        size_t rounded = round_up(static_cast<size_t>(size), kRound);
-        bool capture = graph_pools_.any_capture_underway();
-        PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
-        if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream, id);
-        if (!capture) {
-            if (!deferred_.empty()) process_deferred();
-            // Pending blocks may have become reusable; never poll from a stream
-            // captured without torch's knowledge either.
-            if (pending_blocks_ != 0 && !capturing(stream)) process_events_locked();
-        }
-        Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
-        Block* b = take_cached(p, rounded, stream);
-        if (b != nullptr) {
-            p->stats->count(CounterId::cache_hits);
-        } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
-            return nullptr;  // out_of_memory_path set the message
-        }
-        mark_live(b, static_cast<size_t>(size));
-        return b->ptr;
-    } catch (const std::exception& e) {
-        set_last_failure(std::string("npu_lifetime shim: the allocation failed: ") + e.what());
-        throw;  // reported as an internal_error finding at the C boundary
+    // last_oom_message() (what torch's bridge raises), never an earlier one's
+    // (an exception's: internal_error, at the C boundary).
+    std::lock_guard<std::mutex> lock(mu_);
+    ensure_runtime();
+    size_t rounded = round_up(static_cast<size_t>(size), kRound);
+    if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
+    bool capture = graph_pools_.any_capture_underway();
+    PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
+    if (!capture) {
+        if (!deferred_.empty()) process_deferred();
+        // Pending blocks may have become reusable; never poll from a stream
+        // captured without torch's knowledge either.
+        if (pending_blocks_ != 0 && !capturing(stream)) process_events_locked();
     }
+    Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
+    Block* b = take_cached(p, rounded, stream);
+    if (b != nullptr) {
+        p->stats->count(CounterId::cache_hits);
+    } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
+        return nullptr;  // out_of_memory_path set the message
+    }
+    mark_live(b, static_cast<size_t>(size));
+    return b->ptr;
 }
 
 // The next allocation of this thread takes the cached memory at `ptr`
@@ -291,10 +286,11 @@ void CachingAllocator::claim_next(void* ptr) {
 // claims the allocation, that capture's pool (an eager block must not be
 // baked into a graph).  Outside a capture a graph pool's block may be
 // claimed: that is how a pool checkpoint is restored; it stays in its pool.
-void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stream stream, PoolId id) {
+void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stream stream) {
     char* ptr = claim_;
     claim_ = nullptr;
     claims_--;
+    PoolId id = graph_pools_.any_capture_underway() ? graph_pools_.pool_for(device, stream) : PoolId{};
     Block* b = block_at(ptr);
     const char* why = nullptr;
     if (b == nullptr || b->state != BlockState::cached || !b->held.empty() || ptr + rounded > b->ptr + b->size) {
@@ -597,7 +593,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
         for (const StreamUse& u : b->uses) b->last_streams.push_back(u.stream);
     }
     if (!b->uses.empty() && !graph_pools_.any_capture_underway() && !deferred_.empty()) process_deferred();
-    if (needs_capture_deferral(b)) {
+    if (!b->uses.empty() && needs_capture_deferral(b)) {
         b->state = BlockState::deferred;
         deferred_.push_back(b);
         s.add(StatId::pending, b->small, 1);

@@ -121,7 +121,7 @@ class CachingAllocator {
     void split(Block* b, size_t size);
     Block* split_off(Block* b, size_t size);
     void mark_live(Block* b, size_t requested);
-    void* claim(size_t rounded, size_t requested, int device, Stream stream, PoolId id);
+    void* claim(size_t rounded, size_t requested, int device, Stream stream);
 
     // free
     bool stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b);

@@ -52,6 +52,7 @@ Shim& shim() {
 
 void internal_error(const char* op, const char* what) noexcept {
     try {
+        if (std::strcmp(op, "alloc") == 0) set_last_failure(std::string("npu_lifetime shim: the allocation failed: ") + what);
         Finding f;
         f.kind = "internal_error";
         f.op = op;
