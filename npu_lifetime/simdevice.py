@@ -53,6 +53,46 @@ def _notify(name: str, *args) -> None:
         getattr(listener, name)(*args)
 
 
+def _describe(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, Stream):
+        return f"the stream {value!r}"
+    if isinstance(value, Event):
+        return f"the event {value!r}"
+    kind = type(value)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if name.startswith("torch.") and name.endswith("Stream"):  # torch.cuda.Stream, torch.Stream: one name
+        return f"{name.rsplit('.', 1)[0].replace('torch._C', 'torch')}.Stream"
+    return f"{name} {value!r}"
+
+
+def _check_stream(value, call: str, none_ok: bool) -> None:
+    """A bad stream fails here with what to pass, not later deep in a
+    listener (``'str' object has no attribute 'key'``)."""
+    if isinstance(value, Stream) or (none_ok and value is None):
+        return
+    hint = ""
+    if isinstance(value, str):
+        hint = ": make the stream once with simdevice.Stream() and pass it"
+    elif isinstance(value, Event):
+        hint = ": to wait for an event, use wait_event"
+    elif _describe(value).startswith("torch"):
+        hint = ": a torch stream is for device tensors; CPU tensors take a simdevice.Stream()"
+    either = " or None" if none_ok else ""
+    raise TypeError(f"{call} takes a simdevice Stream (npu_lifetime.simdevice.Stream()){either}, "
+                    f"not {_describe(value)}{hint}")
+
+
+def _check_event(value, call: str, none_ok: bool) -> None:
+    if isinstance(value, Event) or (none_ok and value is None):
+        return
+    hint = ": to wait for a stream, use wait_stream" if isinstance(value, Stream) else ""
+    either = " or None" if none_ok else ""
+    raise TypeError(f"{call} takes a simdevice Event (npu_lifetime.simdevice.Event()){either}, "
+                    f"not {_describe(value)}{hint}")
+
+
 class Stream:
     """A simulated stream; handle 0 is the default stream."""
 
@@ -67,12 +107,15 @@ class Stream:
         return (self.device_index, self.handle)
 
     def wait_stream(self, other: "Stream") -> None:
+        _check_stream(other, "Stream.wait_stream", none_ok=False)
         self.wait_event(other.record_event())
 
     def wait_event(self, event: "Event") -> None:
+        _check_event(event, "Stream.wait_event", none_ok=False)
         event.wait(self)
 
     def record_event(self, event: Optional["Event"] = None) -> "Event":
+        _check_event(event, "Stream.record_event", none_ok=True)
         event = event or Event()
         event.record(self)
         return event
@@ -101,16 +144,21 @@ class Event:
         _notify("on_event_created", self.handle)
 
     def record(self, stream: Optional[Stream] = None) -> None:
+        _check_stream(stream, "Event.record", none_ok=True)
         stream = stream or current_stream()
         self.recorded = True
         _notify("on_event_record", self.handle, stream.key)
 
     def wait(self, stream: Optional[Stream] = None) -> None:
+        _check_stream(stream, "Event.wait", none_ok=True)
         stream = stream or current_stream()
         _notify("on_event_wait", self.handle, stream.key)
 
     def synchronize(self) -> None:
         _notify("on_event_sync", self.handle)
+
+    def __repr__(self) -> str:
+        return f"<sim event {self.handle}>"
 
     def query(self) -> bool:
         if self.recorded:
@@ -136,12 +184,18 @@ def current_stream() -> Stream:
 
 
 def set_stream(stream: Stream) -> None:
+    _check_stream(stream, "simdevice.set_stream", none_ok=False)
     _state.stream = stream
 
 
-@contextlib.contextmanager
 def stream(s: Optional[Stream]):
     """Makes ``s`` the current stream inside the block (like torch.cuda.stream)."""
+    _check_stream(s, "simdevice.stream", none_ok=True)
+    return _in_stream(s)
+
+
+@contextlib.contextmanager
+def _in_stream(s: Optional[Stream]):
     if s is None:
         yield
         return

@@ -499,6 +499,31 @@ FUZZ_ROWS = [  # the fuzzer and its schedule language
         r"misuse must be True or False, not str 'no'"),
 ]
 
+SIMDEVICE_ROWS = [
+    Row("simdevice.stream str", lambda c: enter(c, sd.stream("side")), TypeError,
+        r"^simdevice\.stream takes a simdevice Stream \(npu_lifetime\.simdevice\.Stream\(\)\) or None, not str "
+        r"'side': make the stream once with simdevice\.Stream\(\) and pass it$"),
+    Row("simdevice.stream torch.Stream", lambda c: enter(c, sd.stream(torch.Stream(device="cpu"))), TypeError,
+        r"simdevice\.stream takes a simdevice Stream .* not torch\.Stream"),
+    Row("simdevice.set_stream int", lambda c: sd.set_stream(1), TypeError,
+        r"simdevice\.set_stream takes a simdevice Stream .* not int 1"),
+    Row("Stream.wait_event a stream", lambda c: c.s.wait_event(sd.Stream()), TypeError,
+        r"^Stream\.wait_event takes a simdevice Event \(npu_lifetime\.simdevice\.Event\(\)\), not the stream "
+        r"<sim stream \d+>: to wait for a stream, use wait_stream$"),
+    Row("Stream.wait_event None", lambda c: c.s.wait_event(None), TypeError,
+        r"Stream\.wait_event takes a simdevice Event .* not None"),
+    Row("Stream.wait_stream None", lambda c: c.s.wait_stream(None), TypeError,
+        r"^Stream\.wait_stream takes a simdevice Stream \(npu_lifetime\.simdevice\.Stream\(\)\), not None$"),
+    Row("Stream.wait_stream an event", lambda c: c.s.wait_stream(sd.Event()), TypeError,
+        r"wait_stream takes a simdevice Stream .* not the event .*: to wait for an event, use wait_event"),
+    Row("Stream.record_event a stream", lambda c: c.s.record_event(sd.Stream()), TypeError,
+        r"Stream\.record_event takes a simdevice Event .* or None"),
+    Row("Event.record str", lambda c: sd.Event().record("side"), TypeError,
+        r"Event\.record takes a simdevice Stream .* or None, not str 'side'"),
+    Row("Event.wait an event", lambda c: sd.Event().wait(sd.Event()), TypeError,
+        r"Event\.wait takes a simdevice Stream .* or None, not the event"),
+]
+
 CLI_ROWS = [
     Row("no command", cli(), 2, r"the following arguments are required: command"),
     Row("unknown command", cli("bogus"), 2, r"invalid choice: 'bogus'"),
@@ -626,7 +651,7 @@ CHECK_ROWS = [
 ]
 
 ROWS = (SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + FUZZ_ROWS
-        + CLI_ROWS
+        + SIMDEVICE_ROWS + CLI_ROWS
         + CHECK_ROWS)
 
 
