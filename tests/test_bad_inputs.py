@@ -35,6 +35,7 @@ from npu_lifetime.cli import main
 from npu_lifetime.fuzz import FuzzConfig
 from npu_lifetime.handoff import RecordUseHandoff, SimHandoffDevice, run_handoff
 from npu_lifetime.recording import RecordUseError
+from npu_lifetime.sanitizer import LifetimeSanitizer
 from npu_lifetime.schedules import Adopt, Alloc, Schedule, ScheduleError
 from npu_lifetime.shim import ShimError
 from npu_lifetime.shim import install as install_module
@@ -524,6 +525,15 @@ SIMDEVICE_ROWS = [
         r"Event\.wait takes a simdevice Stream .* or None, not the event"),
 ]
 
+SANITIZER_ROWS = [
+    Row("LifetimeSanitizer stack_depth str", lambda c: LifetimeSanitizer("sim", stack_depth="deep"), TypeError,
+        r"^stack_depth must be an int >= 0 \(user frames kept per site; 0: none\), not str 'deep'$"),
+    Row("LifetimeSanitizer stack_depth negative", lambda c: LifetimeSanitizer("sim", stack_depth=-1), ValueError,
+        r"stack_depth must be an int >= 0 .* not -1"),
+    Row("LifetimeSanitizer stack_depth float", lambda c: LifetimeSanitizer("sim", stack_depth=8.0), TypeError,
+        r"stack_depth must be an int >= 0 .* not float 8\.0"),
+]
+
 CLI_ROWS = [
     Row("no command", cli(), 2, r"the following arguments are required: command"),
     Row("unknown command", cli("bogus"), 2, r"invalid choice: 'bogus'"),
@@ -651,7 +661,7 @@ CHECK_ROWS = [
 ]
 
 ROWS = (SHIM_ROWS + RECORDING_ROWS + MEMORY_ROWS + INSTALL_ROWS + FSDP2_ROWS + HARNESS_ROWS + RECORDER_ROWS + FUZZ_ROWS
-        + SIMDEVICE_ROWS + CLI_ROWS
+        + SIMDEVICE_ROWS + SANITIZER_ROWS + CLI_ROWS
         + CHECK_ROWS)
 
 

@@ -124,6 +124,11 @@ class LifetimeSanitizer:
     ) -> None:
         if on_race not in ON_RACE:
             raise ValueError(f"on_race must be one of {ON_RACE}, not {on_race!r}")
+        depth = "stack_depth must be an int >= 0 (user frames kept per site; 0: none)"
+        if isinstance(stack_depth, bool) or not isinstance(stack_depth, int):
+            raise TypeError(f"{depth}, not {type(stack_depth).__name__} {stack_depth!r}")
+        if stack_depth < 0:
+            raise ValueError(f"{depth}, not {stack_depth}")
         self.backend: Backend = backend_for(device)
         self.backend.check_available()
         self.on_race = on_race
