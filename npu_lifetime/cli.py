@@ -200,11 +200,16 @@ def _print_snapshot(rec, outcome) -> None:
 def _handoff(args: argparse.Namespace) -> int:
     import torch
 
-    from .handoff import CudaHandoffDevice, SimHandoffDevice, table
+    from .handoff import SimHandoffDevice, TorchHandoffDevice, table
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("npu-lifetime handoff: --device cuda needs a CUDA GPU and none is available; "
               "use --device sim (the default) on this machine", file=sys.stderr)
+        return EXIT_USAGE
+    missing = _npu_missing() if args.device == "npu" else None
+    if missing:
+        print(f"npu-lifetime handoff: --device npu needs torch_npu and an Ascend NPU; {missing}: use --device sim "
+              "(the default) on this machine", file=sys.stderr)
         return EXIT_USAGE
     if args.fsdp2 == "yes" and torch.cuda.device_count() < 2:
         print(f"npu-lifetime handoff: --fsdp2 yes needs 2 CUDA GPUs (found {torch.cuda.device_count()})",
@@ -215,15 +220,15 @@ def _handoff(args: argparse.Namespace) -> int:
               f"{_handoff_bytes(args) / 2 ** 30:,.1f} GiB of host memory on --device sim; this machine has "
               f"{_host_memory_bytes() / 2 ** 30:,.1f} GiB: use a smaller --width or fewer --layers", file=sys.stderr)
         return EXIT_USAGE
-    if args.device == "cuda":
+    if args.device in ("cuda", "npu"):
         from .shim.install import InstallError, install
 
         try:
-            install("cuda")
+            install(args.device)
         except InstallError as err:
-            print(f"npu-lifetime handoff: --device cuda: {err}", file=sys.stderr)
+            print(f"npu-lifetime handoff: --device {args.device}: {err}", file=sys.stderr)
             return EXIT_USAGE
-        device = CudaHandoffDevice()
+        device = TorchHandoffDevice(args.device)
     else:
         device = SimHandoffDevice()
     try:
@@ -237,11 +242,25 @@ def _handoff(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(f"FSDP-style hand-off, {args.layers} layers, {args.width}x{args.width} buffers, device {device.name}, "
           "under the lifetime sanitizer")
-    print("\n".join("  " + c for c in table.COLUMNS))
+    print("\n".join("  " + c for c in table.columns(device.name, getattr(device, "late_read_delay", 0))))
     print(table.format_table(rows))
-    print(table.summary(rows))
+    print(table.summary(rows, device.name))
     fsdp2_ok = _handoff_fsdp2(args)
     return EXIT_OK if ok and fsdp2_ok else EXIT_FINDINGS
+
+
+def _npu_missing() -> Optional[str]:
+    """Why this machine cannot run on an NPU (torch_npu missing, or no NPU
+    seen), or None."""
+    import torch
+
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError as err:
+        return f"torch_npu is not installed here ({err})"
+    if not torch.npu.is_available():
+        return "torch_npu sees no NPU"
+    return None
 
 
 def _handoff_bytes(args: argparse.Namespace) -> int:
@@ -405,7 +424,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("handoff", help="run the FSDP-style hand-off harness (recipe vs record_use vs record_stream), "
                                        "and torch's FSDP2 migrated to record_use on 2 GPUs",
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="sim", choices=["sim", "cuda"])
+    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"],
+                   help="sim: the simulated device (default); cuda, npu: that device's streams with the shim "
+                        "installed (npu: torch_npu)")
     p.add_argument("--layers", type=_at_least_one, default=6)
     p.add_argument("--width", type=_at_least_one, default=64)
     p.add_argument("--steps", type=_at_least_one, default=1)

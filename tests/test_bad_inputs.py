@@ -592,7 +592,10 @@ CLI_ROWS = [
     # handoff
     Row("handoff --device cuda without CUDA", cli("handoff", "--device", "cuda"), 2,
         r"--device cuda needs a CUDA GPU and none is available; use --device sim", when=NO_CUDA),
-    Row("handoff --device npu", cli("handoff", "--device", "npu"), 2, r"argument --device: invalid choice: 'npu'"),
+    Row("handoff --device npu without torch_npu", cli("handoff", "--device", "npu"), 2,
+        r"--device npu needs torch_npu and an Ascend NPU; torch_npu is not installed here .*use --device sim",
+        when=NO_TORCH_NPU),
+    Row("handoff unknown device", cli("handoff", "--device", "tpu"), 2, r"argument --device: invalid choice: 'tpu'"),
     Row("handoff layers 0", cli("handoff", "--layers", "0"), 2, r"argument --layers: must be at least 1, not 0"),
     Row("handoff width word", cli("handoff", "--width", "wide"), 2, r"argument --width: must be a whole number"),
     Row("handoff steps negative", cli("handoff", "--steps", "-2"), 2, r"argument --steps: must be at least 1"),

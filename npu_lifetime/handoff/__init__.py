@@ -1,7 +1,7 @@
 """FSDP-style stream hand-offs: the hand-rolled recipe, its record_use
 migration, and a harness that runs them (and their classic mistakes) on the
-simulated device or real CUDA streams."""
-from .devices import CudaHandoffDevice, SimHandoffDevice
+simulated device or a real device's streams (CUDA, NPU)."""
+from .devices import CudaHandoffDevice, NpuHandoffDevice, SimHandoffDevice, TorchHandoffDevice
 from .harness import HarnessResult, run_handoff
 from .recipes import (
     BROKEN,
@@ -19,6 +19,6 @@ from .recipes import (
 
 __all__ = [
     "BROKEN", "CORRECT", "BrokenDropOutsideOwnerStream", "BrokenEventTooLate", "BrokenRecordUseBeforeLastRead",
-    "BrokenStashDroppedEarly", "CudaHandoffDevice", "EventStash", "Handoff", "HarnessResult", "RecipeHandoff",
-    "RecordStreamHandoff", "RecordUseHandoff", "SimHandoffDevice", "run_handoff",
+    "BrokenStashDroppedEarly", "CudaHandoffDevice", "EventStash", "Handoff", "HarnessResult", "NpuHandoffDevice",
+    "RecipeHandoff", "RecordStreamHandoff", "RecordUseHandoff", "SimHandoffDevice", "TorchHandoffDevice", "run_handoff",
 ]

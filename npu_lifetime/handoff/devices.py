@@ -1,7 +1,8 @@
-"""Where the hand-off schedule runs: real CUDA streams with the shim as the
-allocator, or the simulated device: CPU tensors over memory from the shim's
-simulated runtime, with simdevice streams, so that peak memory and event
-timing are those of the shim on both."""
+"""Where the hand-off schedule runs: a real device's streams (CUDA, or an
+Ascend NPU through torch_npu) with the shim as the allocator, or the
+simulated device: CPU tensors over memory from the shim's simulated
+runtime, with simdevice streams; peak memory and event timing are the
+shim's everywhere."""
 from __future__ import annotations
 
 import ctypes
@@ -13,33 +14,60 @@ from .. import simdevice
 from ..shim import api as shim
 
 
-class CudaHandoffDevice:
-    """torch.cuda with the shim installed (``npu_lifetime.install``)."""
+class TorchHandoffDevice:
+    """A torch device type with the shim installed (``npu_lifetime.install``):
+    ``cuda``, or ``npu`` (torch_npu).  Streams, events and the slow
+    consumer's ``_sleep`` are that device module's (``torch.cuda``,
+    ``torch.npu``)."""
 
-    name = "cuda"
+    # What each consumer sleeps before its last read when the table checks
+    # what the device's own late read sees (table.py): ``_sleep`` cycles, far
+    # longer than the host needs to free the buffer and the shim to poison it.
+    # On the stand-in CANN runtime a cycle is a nanosecond (50 ms); on a GPU
+    # 20M cycles are about 10 ms.
+    LATE_READ_DELAY = {"cuda": 20_000_000, "npu": 50_000_000}
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str = "cuda") -> None:
         from ..shim.install import installed
 
+        if device_type not in self.LATE_READ_DELAY:
+            raise ValueError(f"device_type must be one of {sorted(self.LATE_READ_DELAY)}, not {device_type!r}")
         setup = installed()
-        if setup is None or setup.device != "cuda":
-            raise RuntimeError("the CUDA hand-off harness measures the shim: call npu_lifetime.install('cuda') first")
-        self.Stream = torch.cuda.Stream
-        self.Event = torch.cuda.Event
-        self.stream = torch.cuda.stream
+        if setup is None or setup.device != device_type:
+            raise RuntimeError(f"the {device_type} hand-off harness measures the shim: call "
+                               f"npu_lifetime.install({device_type!r}) first")
+        self.name = device_type
+        self.module = getattr(torch, device_type)  # torch.npu: registered by torch_npu
+        self.Event = self.module.Event
+        self.stream = self.module.stream
+        self.late_read_delay = self.LATE_READ_DELAY[device_type]
+
+    def Stream(self):  # noqa: N802  (the device modules' name)
+        """A new stream.  On npu the shim's NPU bridge meets it now (as
+        record_use and the record_stream hook make it meet theirs): for a
+        stream it has never met, the bridge cannot queue the shim's work
+        behind torch_npu's task queue and synchronises the whole device
+        instead, which in debug mode would put the poison of a block freed
+        under a late read after that read, hiding it."""
+        stream = self.module.Stream()
+        if self.name == "npu":
+            from ..shim import npu_queue
+
+            npu_queue.stream_handle(stream)
+        return stream
 
     def default_stream(self):
-        return torch.cuda.default_stream()
+        return self.module.default_stream()
 
     def current_stream(self):
-        return torch.cuda.current_stream()
+        return self.module.current_stream()
 
     def empty(self, n: int, stream) -> torch.Tensor:
-        with torch.cuda.stream(stream):
-            return torch.empty(n, device="cuda")
+        with self.module.stream(stream):
+            return torch.empty(n, device=self.name)
 
     def tensor(self, values: torch.Tensor) -> torch.Tensor:
-        return values.to("cuda")
+        return values.to(self.name)
 
     def record_stream(self, t: torch.Tensor, stream) -> None:
         t.record_stream(stream)
@@ -54,10 +82,24 @@ class CudaHandoffDevice:
 
     def sleep(self, cycles: int) -> None:
         if cycles:
-            torch.cuda._sleep(cycles)
+            self.module._sleep(cycles)
 
     def synchronize(self) -> None:
-        torch.cuda.synchronize()
+        self.module.synchronize()
+
+
+class CudaHandoffDevice(TorchHandoffDevice):
+    """torch.cuda with the shim installed."""
+
+    def __init__(self) -> None:
+        super().__init__("cuda")
+
+
+class NpuHandoffDevice(TorchHandoffDevice):
+    """torch.npu (torch_npu) with the shim installed."""
+
+    def __init__(self) -> None:
+        super().__init__("npu")
 
 
 class SimHandoffDevice:

@@ -110,14 +110,16 @@ def check_arguments(device, handoff_class, **sizes: int) -> None:
     anything runs."""
     from .recipes import Handoff
 
-    if getattr(device, "name", None) not in ("sim", "cuda"):
-        raise TypeError(f"device must be a SimHandoffDevice or CudaHandoffDevice (npu_lifetime.handoff), "
-                        f"not {type(device).__name__}")
+    from .devices import SimHandoffDevice, TorchHandoffDevice
+
+    if not isinstance(device, (SimHandoffDevice, TorchHandoffDevice)):
+        raise TypeError(f"device must be a SimHandoffDevice or CudaHandoffDevice/NpuHandoffDevice "
+                        f"(npu_lifetime.handoff), not {type(device).__name__}")
     if not (isinstance(handoff_class, type) and issubclass(handoff_class, Handoff)):
         raise TypeError(f"handoff_class must be a Handoff subclass (e.g. npu_lifetime.handoff.RecordUseHandoff), "
                         f"not {handoff_class!r}")
     for name, value in sizes.items():
-        least = 0 if name == "heavy" else 1
+        least = 0 if name in ("heavy", "consumer_delay") else 1
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int >= {least}, not {type(value).__name__} {value!r}")
         if value < least:
@@ -135,15 +137,18 @@ def run_handoff(
     consumer_delay: int = 0,
 ) -> HarnessResult:
     """Runs ``steps`` passes of the schedule with ``handoff_class`` on
-    ``device`` (a ``SimHandoffDevice`` or ``CudaHandoffDevice``), under the
-    lifetime sanitizer when ``sanitize``; ``consumer_delay``: device cycles
-    each consumer spends before its last read (CUDA; a slow consumer).
+    ``device`` (a ``SimHandoffDevice``, or a ``TorchHandoffDevice``:
+    ``CudaHandoffDevice``, ``NpuHandoffDevice``), under the lifetime
+    sanitizer when ``sanitize``; ``consumer_delay``: device cycles each
+    consumer sleeps (``torch.<device>._sleep``) before its last read, a slow
+    consumer (real devices; the simulated device's lag is its schedule).
     Returns outputs, peak active memory (live + waiting on events) and findings."""
     import gc
 
     from ..sanitizer import LifetimeSanitizer
 
-    check_arguments(device, handoff_class, layers=layers, width=width, heavy=heavy, steps=steps)
+    check_arguments(device, handoff_class, layers=layers, width=width, heavy=heavy, steps=steps,
+                    consumer_delay=consumer_delay)
     sanitizer = LifetimeSanitizer(device.name, on_race="collect", warn_on_free=False) if sanitize else None
     handoff = handoff_class(device)
     if sanitizer is not None:

@@ -1,7 +1,9 @@
 """``npu-lifetime handoff``: every hand-off of the harness on one device,
-as a table of findings, peak memory, step time, output agreement and what
-the simulated executor shows of a late read; and, with 2 GPUs, the same for
-torch's FSDP2 migrated to record_use."""
+as a table of findings, peak memory, step time, output agreement, what the
+simulated executor shows of a late read and what a late read sees in the
+shim's debug mode (on a real device: the device's own run, every consumer
+slowed before its last read); and, with 2 GPUs, the same for torch's FSDP2
+migrated to record_use."""
 from __future__ import annotations
 
 import json
@@ -34,6 +36,21 @@ COLUMNS = (
     "free (poison = it reads NaN, on every run; data = it reads its data)",
     "verdict: ok when the row behaves as its kind must; the note says why",
 )
+_DEVICE_DEBUG = (
+    "debug: what the device itself did: the harness run again on the {device} with the shim in debug mode "
+    "(a block is filled with NaN once really free, before any next owner gets it) and every consumer sleeping "
+    "{delay:,} cycles (torch.{device}._sleep) before its last read (poison = a last read saw NaN: its buffer was "
+    "freed under it; other = the outputs differ without NaN; data = the outputs are the recipe's)"
+)
+
+
+def columns(device_name: str = "sim", delay: int = 0) -> tuple:
+    """What each column means, for a table of ``device_name``; ``delay``:
+    the consumers' sleep of the device's debug run."""
+    if device_name == "sim":
+        return COLUMNS
+    return tuple(_DEVICE_DEBUG.format(device=device_name, delay=delay) if c.startswith("debug:") else c
+                 for c in COLUMNS)
 
 
 @dataclass
@@ -46,7 +63,7 @@ class Row:
     step_ms: Optional[float]
     same_outputs: bool
     corrupts: bool
-    debug_read: str  # what the late read saw in debug mode (poison.py), "-" off the simulated device
+    debug_read: str  # what the late read saw in debug mode: poison.py on sim, the device's own run on a device
     ok: bool
     note: str
 
@@ -82,26 +99,61 @@ def _judge(kind: str, findings: list, same: bool, corrupts: bool, debug_read: st
                 "; the delayed read is corrupted" if ok else "a broken hand-off went unreported or did not corrupt")
 
 
-def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1) -> tuple:
-    """Returns (rows, ok): ok when every row behaves as its kind must."""
+def _same(outputs: list, reference: list) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(outputs, reference))
+
+
+def device_late_read(device, handoff_class, reference: list, layers: int, width: int, steps: int,
+                     delay: int) -> str:
+    """What a real device's late reads see: the harness with ``handoff_class``
+    on ``device`` with the shim in debug mode and every consumer sleeping
+    ``delay`` cycles before its last read (the mechanism of the GPU debug
+    tests, tests/gpu_programs/handoff_programs.py ``debug``).  A buffer freed
+    under its last read is poisoned first, so that read sees NaN: "poison";
+    outputs that differ from ``reference`` without NaN: "other"; else "data"."""
+    was_debug = shim.debug()
+    shim.set_policy("poll")
+    shim.set_debug(True)
+    try:
+        r = run_handoff(device, handoff_class, layers=layers, width=width, steps=steps, sanitize=False,
+                        consumer_delay=delay)
+    finally:
+        shim.set_debug(was_debug)
+    if any(bool(torch.isnan(t).any()) for t in r.outputs):
+        return "poison"
+    return "data" if _same(r.outputs, reference) else "other"
+
+
+def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1, late_read_delay=None) -> tuple:
+    """Returns (rows, ok): ok when every row behaves as its kind must.  On a
+    real device the debug column is the device's own run
+    (``device_late_read``), each consumer sleeping ``late_read_delay`` cycles
+    (default: the device's ``late_read_delay``)."""
     from .poison import late_read
 
     check_arguments(device, Handoff, layers=layers, width=width, steps=steps)
+    on_sim = device.name == "sim"
+    delay = 0 if on_sim else device.late_read_delay if late_read_delay is None else late_read_delay
+    if not on_sim:
+        check_arguments(device, Handoff, late_read_delay=delay)
     rows, reference = [], None
     for cls in CORRECT + BROKEN:
         corrupts, kind = replay(cls).corrupted, _kind(cls)
-        debug_read = "-"
-        if device.name == "sim":
+        if on_sim:
             shim.reset()
             debug_read = late_read(cls).saw
+        runs = []
         for policy in _policies(cls):
-            if device.name == "sim":
+            if on_sim:
                 shim.reset()
                 shim.select_runtime("sim")
             shim.set_policy(policy)
-            r = run_handoff(device, cls, layers=layers, width=width, steps=steps)
-            reference = reference or r.outputs
-            same = all(torch.equal(a, b) for a, b in zip(r.outputs, reference))
+            runs.append((policy, run_handoff(device, cls, layers=layers, width=width, steps=steps)))
+            reference = reference or runs[-1][1].outputs
+        if not on_sim:
+            debug_read = device_late_read(device, cls, reference, layers, width, steps, delay)
+        for policy, r in runs:
+            same = _same(r.outputs, reference)
             ok, note = _judge(kind, r.finding_kinds, same, corrupts, debug_read)
             rows.append(Row(kind, r.handoff, policy, r.finding_kinds, r.peak_active_bytes, r.step_median_ms, same,
                             corrupts, debug_read, ok, note))
@@ -122,7 +174,7 @@ def format_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def summary(rows: list) -> str:
+def summary(rows: list, device_name: str = "sim") -> str:
     bad = [r for r in rows if not r.ok]
     if bad:
         return "UNEXPECTED: " + "; ".join(f"{r.handoff} ({r.policy}): {r.note}" for r in bad)
@@ -131,8 +183,11 @@ def summary(rows: list) -> str:
     by_design = [r.handoff for r in rows if r.kind == "safe by design"]
     text = (f"as expected: {correct} correct hand-offs clean with the recipe's outputs; {caught} broken ones "
             "reported by the sanitizer and corrupted on the executor")
-    if any(r.debug_read == "poison" for r in rows):
+    if any(r.debug_read == "poison" for r in rows) and device_name == "sim":
         text += "; in debug mode the broken ones read NaN on every run"
+    elif any(r.debug_read == "poison" for r in rows):
+        text += (f"; on the {device_name} itself, with slow consumers and the shim in debug mode, the broken ones' "
+                 "last reads saw their freed buffers (NaN) and the others their data")
     if by_design:
         text += f"; '{by_design[0]}' has no finding because it is safe (it only waits longer than needed)"
     return text
