@@ -32,6 +32,24 @@ def test_broken_handoffs_are_reported_on_the_gpu(runs):
     assert runs[("broken: consumer event recorded too late", "poll")]["findings"] == []
 
 
+def test_handoff_command_on_cuda_shows_the_broken_rows_corrupting_and_the_correct_rows_intact():
+    """``npu-lifetime handoff --device cuda``: the debug column is the GPU's
+    own run, every consumer sleeping before its last read."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from handoff_table_check import assert_device_table
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "handoff", "--device", "cuda", "--layers", "3",
+                           "--width", "128", "--fsdp2", "no"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(root)), cwd=str(root))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert_device_table(done.stdout, "cuda")
+
+
 def test_record_use_traces_under_torch_compile_fullgraph():
     side = torch.cuda.Stream()
 
