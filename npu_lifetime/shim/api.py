@@ -83,29 +83,40 @@ def last_oom_message() -> str:
     return library().npl_last_oom_message().decode()
 
 
+def _using_stream(stream: int, call: str) -> int:
+    """A stream that uses a block.  0 is the default stream on CUDA and ACL,
+    but no stream under the simulated runtime: an event cannot be recorded
+    on it, so the block would not be held (the free reported a runtime error)."""
+    value = check.stream(stream)
+    if value == 0 and runtime_name() == "sim":
+        raise ValueError(f"{call}: stream 0 is no stream under the simulated runtime (its streams are non-zero "
+                         "handles): pass the handle of the stream that uses the block")
+    return value
+
+
 def record_stream(ptr: int, stream: int, stream_device: int = -1) -> bool:
     """The free of the block holding ``ptr`` waits for everything queued on
     ``stream`` up to the free.  False (and a finding) if no live block holds ``ptr``."""
-    return library().npl_record_stream_device(check.address(ptr), check.stream(stream),
+    return library().npl_record_stream_device(check.address(ptr), _using_stream(stream, "record_stream"),
                                               check.stream_device(stream_device)) == 0
 
 
 def erase_stream(ptr: int, stream: int) -> bool:
     """Withdraws a ``record_stream(ptr, stream)``.  False (and a finding) if
     no live block holds ``ptr``."""
-    return library().npl_erase_stream(check.address(ptr), check.stream(stream)) == 0
+    return library().npl_erase_stream(check.address(ptr), _using_stream(stream, "erase_stream")) == 0
 
 
 def record_use(ptr: int, stream: int, stream_device: int = -1) -> bool:
     """The reuse of the block holding ``ptr`` waits for what is queued on ``stream`` now."""
-    return library().npl_record_use_device(check.address(ptr), check.stream(stream),
+    return library().npl_record_use_device(check.address(ptr), _using_stream(stream, "record_use"),
                                            check.stream_device(stream_device)) == 0
 
 
 def note_use(ptr: int, stream: int) -> bool:
     """Tells the shim of a use on ``stream`` that nothing recorded: a free
     before it finishes is a finding, and the reuse waits for it."""
-    return library().npl_note_use(check.address(ptr), check.stream(stream)) == 0
+    return library().npl_note_use(check.address(ptr), _using_stream(stream, "note_use")) == 0
 
 
 def set_policy(policy: str) -> None:
