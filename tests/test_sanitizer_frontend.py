@@ -131,8 +131,9 @@ def test_flush_reports_live_storages_per_usage_stream():
     with san:
         x, side = used_on_side()
         grouped = san.flush_by_stream()
-    assert list(grouped) == [f"sim stream {side.handle}"]
-    [f] = grouped[f"sim stream {side.handle}"]
+    name = san.describe(side.key)  # the device's name, and the variable the stream was assigned to
+    assert name == f"sim stream {side.handle} (`side`)" and list(grouped) == [name]
+    [f] = grouped[name]
     assert f.live
 
 

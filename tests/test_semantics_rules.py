@@ -144,11 +144,11 @@ def test_the_outcome_says_why_a_free_is_latent_or_that_it_is_actual():
     [free] = _model_outcomes(uncovered_then_reused(WaitStream(A, U)))
     assert not free.actual and "ordered after the use" in free.outcome.reason()
     [free] = _model_outcomes(uncovered_then_reused(SyncStream(U)))
-    assert "host synchronised past the use before any reuse" in free.outcome.reason()
+    assert "not reused before the host waited past the use" in free.outcome.reason()
     [free] = _model_outcomes((Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0)))
     assert free.outcome.reason() == "the memory was not reused while the sanitizer watched"
     [free] = _model_outcomes((Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0), SyncStream(U)))
-    assert "host synchronised past the use before any reuse" in free.outcome.reason()
+    assert "not reused before the host waited past the use" in free.outcome.reason()
 
 
 # -- ops that issue events of their own ------------------------------------------

@@ -138,6 +138,7 @@ class ReuseOutcome:
     held_by_allocator: bool = False  # the allocator holds the memory until the use is done
     forgotten: bool = False  # no longer tracked (too many outstanding uses)
     race: Optional[ReuseRace] = None
+    sync_site: Site = None  # where the host waited past the use (host_synced)
 
     @property
     def actual(self) -> bool:
@@ -155,7 +156,9 @@ class ReuseOutcome:
             return ("only the shim's protection: told of the use by the sanitizer (note_use), it held the block "
                     "until the use was done; the framework's own caching allocator would not (this is not safe)")
         if self.host_synced:
-            return "the host synchronised past the use before any reuse could race with it"
+            where = f" at {self.sync_site}" if self.sync_site is not None else ""
+            return (f"the memory was not reused before the host waited past the use{where}; a reuse before that "
+                    "wait would have raced")
         if self.forgotten:
             return "no reuse seen before the sanitizer stopped tracking this use (too many outstanding)"
         if self.reuses:

@@ -280,17 +280,19 @@ class LifetimeModel:
         found: list = []
         recorded = self._recorded_clock(event, None, site, found)
         if recorded is not None:
-            self._host_join([recorded])
+            self._host_join([recorded], site)
         return self._deliver(found)
 
     event_query_complete = synchronize_event
 
-    def synchronize_stream(self, stream: Stream) -> None:
-        self._host_join([self._now(stream)])
+    def synchronize_stream(self, stream: Stream, site: Site = None) -> None:
+        """The host waited for ``stream`` (``site``: where, for the reason a
+        latent free gives; may be a zero-argument callable)."""
+        self._host_join([self._now(stream)], site)
 
-    def synchronize_device(self, device: Optional[int] = None) -> None:
+    def synchronize_device(self, device: Optional[int] = None, site: Site = None) -> None:
         self._host_join(
-            s.vc for s in self._streams.values() if device is None or s.device == device
+            (s.vc for s in self._streams.values() if device is None or s.device == device), site
         )
 
     # -- host threads -----------------------------------------------------------
@@ -574,14 +576,14 @@ class LifetimeModel:
         vc[stream] += 1
         return Access(stream, vc[stream], is_write, op, site, args)
 
-    def _host_join(self, clocks: Iterable[Clock]) -> None:
+    def _host_join(self, clocks: Iterable[Clock], site: Site = None) -> None:
         changed = False
         for clock in clocks:
             changed |= _join(self._host, clock)
         if changed:
             self._host_epoch = next(self._epochs)
             if self._outstanding.records:
-                self._retire_completed()
+                self._retire_completed(site)
 
     def _hosts_past(self, stream: Stream, clock: int) -> bool:
         """Whether every host thread has synchronised past ``(stream, clock)``."""
@@ -589,11 +591,16 @@ class LifetimeModel:
         ended = self._ended
         return all(entry[0].get(stream, 0) >= clock for host, entry in self._hosts.items() if host not in ended)
 
-    def _retire_completed(self) -> None:
+    def _retire_completed(self, site: Site = None) -> None:
         """Outstanding uses every host thread has synchronised past can race
-        with nothing any more: every later operation is ordered after them."""
-        for rec in self._outstanding.retire(lambda r: self._hosts_past(r.stream, r.last_use.clock)):
+        with nothing any more: every later operation is ordered after them.
+        ``site``: the host wait that did it (a callable is called once)."""
+        retired = self._outstanding.retire(lambda r: self._hosts_past(r.stream, r.last_use.clock))
+        if retired and callable(site):
+            site = site()
+        for rec in retired:
             rec.free.outcome.host_synced = True
+            rec.free.outcome.sync_site = site
 
     def _live_or_report(self, storage, stream, op, site, found: list) -> Optional[_Storage]:
         self._stream(stream)

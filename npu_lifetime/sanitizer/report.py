@@ -12,6 +12,7 @@ from typing import Callable
 from ..lifetime import (
     DataRace, InvalidFree, ReuseRace, UncoveredFree, UnrecordedEventWait, UseAfterFree, finding_to_json,
 )
+from . import naming
 from .reporting import DEFAULT, GroupInfo, Policy
 
 Namer = Callable[[tuple], str]
@@ -30,13 +31,59 @@ def _where(site) -> str:
     return "<no stack>" if site is None else str(site)
 
 
-def _storage(finding) -> str:
+def _storage(finding, name=None, alloc_site=None, size: str = "") -> str:
     address = getattr(finding, "address", None)
-    return f"storage {address:#x}" if isinstance(address, int) else f"storage {finding.storage}"
+    text = f"storage {address:#x}" if isinstance(address, int) else f"storage {finding.storage}"
+    if hasattr(name, "tensor") and alloc_site is not None:
+        code, known = name.tensor(alloc_site)
+        if known:
+            return f"`{code}` ({text}{', ' + size if size else ''})"
+    return f"{text} ({size})" if size else text
 
 
 def _times(info: GroupInfo) -> str:
     return f" (x{info.count})" if info.count > 1 else ""
+
+
+_NAMED = 4  # distinct storages named in a group's report
+
+
+def _storages(info: GroupInfo, name, site_of) -> list:
+    """A group over several storages says how many, and names them (bounded)."""
+    if info.distinct <= 1:
+        return []
+    shown = []
+    for f in info.storages[:_NAMED]:
+        site = site_of(f)
+        shown.append(_storage(f, name, site) + f" allocated at {naming.where(site)}")
+    more = info.distinct - len(shown)
+    return [f"  on {info.distinct} distinct storages: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")]
+
+
+def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
+    """Fixes for an uncovered free that run on the device, with the
+    program's own names for the tensor and the streams."""
+    if not hasattr(name, "stream_code"):
+        return [f"  fix: {f.fix(name)}"]
+    use = f.last_use
+    tensor, known = name.tensor(f.alloc_site)
+    if name.is_collective(f.usage_stream):
+        return [f"  fix: wait for the collective before the free{at_free}: `work.wait()` on the Work it returned "
+                "(or async_op=False)"]
+    u, a = name.stream_arg(f.usage_stream), name.stream_arg(f.alloc_stream)
+    lines = [
+        "  fix (any one):",
+        f"    after the last use on {name(f.usage_stream)} ({use.op or use.verb} at {naming.where(use.site)}):  "
+        f"npu_lifetime.record_use({tensor}, {u})",
+        f"    before the free{at_free}:  {name.record_stream(tensor, u)}",
+    ]
+    if not name.is_collective(f.alloc_stream):
+        lines.append(f"    before the free{at_free}:  {a}.wait_stream({u})")
+    if not known:
+        lines.append(f"    ({tensor}: {name.tensor_prose(f.alloc_site)})")
+    if u.startswith("<") or a.startswith("<"):
+        lines.append("    (<...>: that stream object; the sanitizer did not see its creation)")
+    return lines
 
 
 def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
@@ -46,13 +93,14 @@ def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
     else:
         label = "uncovered free, " + ("ACTUAL: a reuse race followed" if info.actual else "latent")
     head = (
-        f"{_storage(f)} ({_size(f.size)}), allocated on {a}, "
+        f"{_storage(f, name, f.alloc_site, _size(f.size))}, allocated on {a}, "
         + ("would be freed" if f.live else "was freed")
         + f" while its use on {u} may still be queued"
     )
     use = f.last_use
     lines = [
         f"[{label}] {head}{_times(info)}",
+        *_storages(info, name, lambda g: g.alloc_site),
         f"  allocated at:  {_where(f.alloc_site)}",
         f"  last use:      {use.what} ({use.verb}) on {u} at {_where(use.site)}",
         f"  freed at:      {'(still alive: reported by a flush)' if f.live else _where(f.free_site)}",
@@ -60,35 +108,75 @@ def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
     if not info.actual:
         for reason, n in info.reasons:
             lines.append(f"  why latent:    {reason}" + (f" ({n} of the frees)" if info.count > 1 else ""))
-    lines.append(f"  fix: {f.fix(name)}")
+    at_free = "" if f.live else f" ({naming.where(f.free_site)})"
+    lines += _free_fix(f, name, at_free)
+    return lines
+
+
+def _race_fix(f: DataRace, name) -> list:
+    if not hasattr(name, "stream_code"):
+        return [f"  fix: {f.fix(name)}"]
+    acc, prior = f.access, f.prior
+    where = f"before the {acc.verb} ({acc.op or 'op'} at {naming.where(acc.site)})"
+    if name.is_collective(prior.stream):
+        return [f"  fix: {where}: wait for the collective, `work.wait()` on the Work it returned "
+                "(record_stream/record_use do not order accesses)"]
+    waiter, waitee = name.stream_arg(acc.stream), name.stream_arg(prior.stream)
+    if name.is_collective(acc.stream):
+        return [f"  fix: issue the collective after {waitee}'s {prior.verb} ({prior.op or 'op'}): call it on "
+                f"{waitee}, or make the current stream wait for it first: `<current stream>.wait_stream({waitee})`"]
+    lines = [f"  fix: {where}:  {waiter}.wait_stream({waitee})",
+             f"    (or an event recorded on {waitee} after the {prior.verb} and waited on by {waiter}; "
+             "record_stream/record_use do not order accesses)"]
+    if waiter.startswith("<") or waitee.startswith("<"):
+        lines.append("    (<...>: that stream object; the sanitizer did not see its creation)")
     return lines
 
 
 def _race(f: DataRace, name: Namer, info: GroupInfo) -> list:
     acc, prior = f.access, f.prior
     return [
-        f"[data race] {f.race} on {_storage(f)}: {acc.what} on {name(acc.stream)} is not ordered "
-        f"after {prior.what} on {name(prior.stream)}{_times(info)}",
+        f"[data race] {f.race} on {_storage(f, name, f.alloc_site)}: {acc.what} on {name(acc.stream)} is not "
+        f"ordered after {prior.what} on {name(prior.stream)}{_times(info)}",
+        *_storages(info, name, lambda g: g.alloc_site),
         f"  this {acc.verb}:  {_where(acc.site)}",
         f"  earlier {prior.verb}: {_where(prior.site)}",
         f"  allocated at:  {_where(f.alloc_site)}",
-        f"  fix: {f.fix(name)}",
+        *_race_fix(f, name),
     ]
 
 
 def _reuse_race(f: ReuseRace, name: Namer, info: GroupInfo) -> list:
     acc, prev = f.access, f.previous_use
+    fix = _free_fix(f.free, name, f" ({naming.where(f.free.free_site)})")
+    fix[0] = fix[0].replace("  fix", "  fix: cover the previous owner's free", 1)
     return [
         f"[reuse race] {_storage(f)} went to a new owner while its previous owner's use on "
         f"{name(prev.stream)} may still run: {acc.what} ({acc.verb}) on {name(acc.stream)} is not "
         f"ordered after {prev.what} ({prev.verb}){_times(info)}",
+        *_storages(info, name, lambda g: g.alloc_site),
         f"  new owner allocated at:      {_where(f.alloc_site)}",
         f"  new owner's access:          {_where(acc.site)}",
-        f"  previous owner allocated at: {_where(f.free.alloc_site)}",
+        f"  previous owner:              {_storage(f.free, name, f.free.alloc_site)}, allocated at "
+        f"{_where(f.free.alloc_site)}",
         f"  previous owner's use:        {_where(prev.site)}",
         f"  previous owner freed at:     {_where(f.free.free_site)} (uncovered: now actual)",
-        f"  fix: {f.fix(name)}",
+        *fix,
     ]
+
+
+def fix_text(f, name) -> str:
+    """The fix lines of ``f``'s report, as one text (the JSON's ``fix``)."""
+    if isinstance(f, UncoveredFree):
+        lines = _free_fix(f, name, "" if f.live else f" ({naming.where(f.free_site)})")
+    elif isinstance(f, DataRace):
+        lines = _race_fix(f, name)
+    elif isinstance(f, ReuseRace):
+        lines = ["  fix: cover the previous owner's free:"] + _free_fix(f.free, name, "")
+    else:
+        return f.fix(name)
+    text = " ".join(line.strip() for line in lines)
+    return text[5:] if text.startswith("fix: ") else text
 
 
 def _other(f, name: Namer, info: GroupInfo) -> list:
@@ -161,7 +249,9 @@ def to_json(findings: list, name: Namer, info_of: InfoOf, policy: Policy = DEFAU
             acc = getattr(f, key, None)
             if acc is not None:
                 entry[key]["stream"] = name(acc.stream)
+        entry["fix"] = fix_text(f, name)
         entry["count"] = info.count
+        entry["distinct_storages"] = info.distinct
         entry["fails"] = fails
         if not fails:
             entry["not_failing"] = why_not

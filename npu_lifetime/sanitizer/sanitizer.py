@@ -23,6 +23,7 @@ from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree, Unreco
 from . import dispatch, report, sites
 from .backends import Backend, backend_for
 from .hub import current_frame
+from .naming import Names
 from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
 from .storages import StorageTable
@@ -140,6 +141,7 @@ class LifetimeSanitizer:
         self.enabled = False
         self.model = LifetimeModel(retain=False, remember_frees=0, host=threading.main_thread().ident)
         self.storages = StorageTable(self.model, self.backend, self._free)
+        self.names = Names(self.backend)
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
         self._lock = _HostLock(self)  # the model's lock; entering it names the calling thread as the host
@@ -256,15 +258,17 @@ class LifetimeSanitizer:
         }
 
     def describe(self, stream_key) -> str:
-        return self.backend.describe(stream_key)
+        """A stream as the program knows it: the device's name for it and the
+        variable it was assigned to when created (``sim stream 3 (`side`)``)."""
+        return self.names(stream_key)
 
     def report(self, findings: Optional[list] = None) -> str:
         return report.format_findings(self.findings if findings is None else findings,
-                                      self.describe, self.info, self.policy)
+                                      self.names, self.info, self.policy)
 
     def to_json(self, findings: Optional[list] = None) -> list:
         return report.to_json(self.findings if findings is None else findings,
-                              self.describe, self.info, self.policy)
+                              self.names, self.info, self.policy)
 
     # -- ops, from the dispatch mode ----------------------------------------------------
     def apply_op(self, feed: list, site, op_name: str) -> Optional[Exception]:
@@ -396,8 +400,10 @@ class LifetimeSanitizer:
         return key
 
     def on_stream_created(self, key) -> None:
+        site = self._site()
         with self._lock:
             self._stream(key)
+            self.names.note_stream(key, site)
 
     def on_event_created(self, event) -> None:
         with self._lock:
@@ -423,7 +429,8 @@ class LifetimeSanitizer:
     def on_event_sync(self, event) -> None:
         with self._lock:
             if event in self._known_events:
-                self._keep(self.model.synchronize_event(event, site=self._wait_site(event)))
+                site = self._wait_site(event) if not self.model.event_recorded(event) else self._sync_site
+                self._keep(self.model.synchronize_event(event, site=site))
 
     def on_current_stream_waits(self, event) -> None:
         """The current stream waits for ``event`` (``Work.block_current_stream``)."""
@@ -435,11 +442,16 @@ class LifetimeSanitizer:
 
     def on_stream_sync(self, key) -> None:
         with self._lock:
-            self.model.synchronize_stream(self._stream(key))
+            self.model.synchronize_stream(self._stream(key), site=self._sync_site)
 
     def on_device_sync(self, device) -> None:
         with self._lock:
-            self.model.synchronize_device(device)
+            self.model.synchronize_device(device, site=self._sync_site)
+
+    def _sync_site(self):
+        """Where the host waited (asked only when a latent free's reason needs it)."""
+        frame = current_frame()
+        return frame.site if frame is not None else sites.capture(self.stack_depth, skip=4)
 
     def on_wait_stream(self, waiter, waitee) -> None:
         with self._lock:
@@ -579,7 +591,7 @@ class LifetimeSanitizer:
         races = [f for f in new if isinstance(f, (DataRace, ReuseRace))]
         if not races or self.on_race == "collect":
             return None
-        text = report.format_findings(races, self.describe, self.info)
+        text = report.format_findings(races, self.names, self.info, self.policy)
         if self.on_race == "raise":
             print(text, file=sys.stderr)
             return DataRaceError(races, text)
@@ -594,6 +606,7 @@ class LifetimeSanitizer:
         if not frees:
             return
         try:
-            warnings.warn(report.format_findings(frees, self.describe, self.info), LifetimeWarning, stacklevel=2)
+            warnings.warn(report.format_findings(frees, self.names, self.info, self.policy), LifetimeWarning,
+                          stacklevel=2)
         except Warning:
             pass

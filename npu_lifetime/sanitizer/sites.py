@@ -187,6 +187,9 @@ def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
     between the capture and the first user frame (at most 8)."""
     if depth <= 0:
         return None
+    phase_text = getattr(_phase, "text", None)
+    if phase_text:  # a runner's own step (its garbage collection): the frames above are not the program's
+        return Site((), (), phase_text)
     frame = sys._getframe(skip)
     frames = []
     library = []

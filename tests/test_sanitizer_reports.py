@@ -1,0 +1,153 @@
+"""Reports a user can paste (issue 17, part 4): fixes that run on the device
+in question, with the program's own names for tensors and streams; latent
+reasons and free sites that are true; groups that say how many storages
+they hold."""
+import json
+import textwrap
+
+from npu_lifetime.cli import main
+
+HANDOFF = """
+import torch
+import npu_lifetime
+from npu_lifetime import simdevice as sd
+
+side = sd.Stream()
+weights = torch.ones(32)
+side.wait_stream(sd.default_stream())
+with sd.stream(side):
+    doubled = weights * 2
+{fix}
+del weights
+"""
+
+
+def write(tmp_path, body, name="prog.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def check(tmp_path, path, capsys, *options):
+    out = tmp_path / "r.json"
+    code = main(["check", "--device", "sim", "--json", str(out), *options, path])
+    text = capsys.readouterr().out
+    return code, text, json.loads(out.read_text())["findings"]
+
+
+def test_each_suggested_fix_pasted_into_the_program_makes_it_pass(tmp_path, capsys):
+    code, text, [finding] = check(tmp_path, write(tmp_path, HANDOFF.format(fix="")), capsys)
+    assert code == 1
+    # the program's own names, and calls that run on the simulated device
+    assert "`weights` (storage" in text and "sim stream" in text and "(`side`)" in text
+    fixes = [line.split(":  ", 1)[1] for line in text.splitlines() if line.startswith("    ") and ":  " in line]
+    assert fixes == ["npu_lifetime.record_use(weights, side)", "npu_lifetime.record_stream(weights, side)",
+                     "npu_lifetime.simdevice.default_stream().wait_stream(side)"], text
+    assert "x.record_stream" not in text and "<sim" not in text  # no placeholder, no call that crashes here
+    assert "npu_lifetime.record_use(weights, side)" in finding["fix"]
+    for fix in fixes:
+        fixed = write(tmp_path, HANDOFF.format(fix=fix), "fixed.py")
+        code, text, _ = check(tmp_path, fixed, capsys)
+        assert code == 0, (fix, text)
+
+
+def test_a_data_race_fix_names_both_streams_and_runs(tmp_path, capsys):
+    body = """
+        import torch
+        import npu_lifetime
+        from npu_lifetime import simdevice as sd
+
+        producer = sd.Stream()
+        buffer = torch.zeros(16)
+        producer.wait_stream(sd.default_stream())
+        with sd.stream(producer):
+            buffer.fill_(3.0)
+        {fix}
+        total = buffer.sum()
+        npu_lifetime.record_use(buffer, producer)
+    """
+    code, text, [race] = check(tmp_path, write(tmp_path, body.format(fix="")), capsys)
+    assert code == 1 and race["kind"] == "data_race"
+    [fix] = [line.split(":  ", 1)[1] for line in text.splitlines() if line.startswith("  fix: before the read")]
+    assert fix == "npu_lifetime.simdevice.default_stream().wait_stream(producer)", text
+    code, text, _ = check(tmp_path, write(tmp_path, body.format(fix=fix), "fixed.py"), capsys)
+    assert code == 0, text
+
+
+def test_an_unknown_tensor_name_is_not_guessed(tmp_path, capsys):
+    body = """
+        import torch
+        from npu_lifetime import simdevice as sd
+
+        side = sd.Stream()
+        def use(t):
+            with sd.stream(side):
+                t.sum()
+        side.wait_stream(sd.default_stream())
+        use(torch.ones(8))  # no variable names this tensor
+    """
+    code, text, _ = check(tmp_path, write(tmp_path, body), capsys)
+    assert code == 1
+    assert "(x: the tensor allocated at prog.py:10)" in text, text
+
+
+def test_the_latent_reason_names_the_host_wait_that_made_it_latent(tmp_path, capsys):
+    body = """
+        import torch
+        from npu_lifetime import simdevice as sd
+
+        side = sd.Stream()
+        x = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            y = x * 2
+        del x  # uncovered
+        with sd.stream(side):
+            print(y.sum().item())  # the script's only host wait, at its end
+    """
+    code, text, [free] = check(tmp_path, write(tmp_path, body), capsys)
+    assert code == 1
+    [reason] = free["latent_reasons"]
+    assert "not reused before the host waited past the use at" in reason["reason"]
+    assert "prog.py:12" in reason["reason"], reason  # that wait, not a vague "the host synchronised"
+
+
+def test_a_free_by_the_garbage_collector_at_the_end_says_so(tmp_path, capsys):
+    body = """
+        import torch
+        from npu_lifetime import simdevice as sd
+
+        side = sd.Stream()
+        def leak():
+            x = torch.ones(8)
+            side.wait_stream(sd.default_stream())
+            with sd.stream(side):
+                x.sum()
+            cycle = [x]
+            cycle.append(cycle)  # only the garbage collector frees x
+        leak()
+    """
+    code, text, [free] = check(tmp_path, write(tmp_path, body), capsys)
+    assert code == 1
+    assert "autograd" not in text and "called from C++" not in text
+    assert "after the script ended (the garbage collector ran before the report)" in text, text
+
+
+def test_a_group_of_races_over_several_storages_counts_and_names_them(tmp_path, capsys):
+    body = """
+        import torch
+        import npu_lifetime
+        from npu_lifetime import simdevice as sd
+
+        side = sd.Stream()
+        keep = []
+        for i in range(10):
+            chunk = torch.ones(8)
+            with sd.stream(side):
+                chunk.add_(1)  # races with the allocation on the default stream
+            npu_lifetime.record_use(chunk, side)
+            keep.append(chunk)
+    """
+    code, text, [race] = check(tmp_path, write(tmp_path, body), capsys)
+    assert code == 1 and race["count"] == 10 and race["distinct_storages"] == 10
+    assert "on 10 distinct storages: `chunk` (storage" in text and "and 6 more" in text, text
