@@ -427,7 +427,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"],
                    help="sim: the simulated device (default); cuda, npu: that device's streams with the shim "
                         "installed (npu: torch_npu)")
-    p.add_argument("--layers", type=_at_least_one, default=6)
+    p.add_argument("--layers", type=_at_least_two, default=6,
+                   help="layers of the schedule (at least 2: a broken hand-off's stash is released by the next "
+                        "layer's all-gather; with one layer only after the device is synchronised, when it is safe)")
     p.add_argument("--width", type=_at_least_one, default=64)
     p.add_argument("--steps", type=_at_least_one, default=1)
     p.add_argument("--fsdp2", default="auto", choices=["auto", "yes", "no"],
@@ -451,6 +453,14 @@ def _at_least_one(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _at_least_two(text: str) -> int:
+    """An argparse type: a whole number >= 2."""
+    value = _at_least_one(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2, not {value}")
     return value
 
 

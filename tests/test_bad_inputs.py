@@ -606,6 +606,7 @@ CLI_ROWS = [
         when=NO_TORCH_NPU),
     Row("handoff unknown device", cli("handoff", "--device", "tpu"), 2, r"argument --device: invalid choice: 'tpu'"),
     Row("handoff layers 0", cli("handoff", "--layers", "0"), 2, r"argument --layers: must be at least 1, not 0"),
+    Row("handoff layers 1", cli("handoff", "--layers", "1"), 2, r"argument --layers: must be at least 2, not 1"),
     Row("handoff width word", cli("handoff", "--width", "wide"), 2, r"argument --width: must be a whole number"),
     Row("handoff steps negative", cli("handoff", "--steps", "-2"), 2, r"argument --steps: must be at least 1"),
     Row("handoff width beyond memory", cli("handoff", "--width", "1000000"), 2,

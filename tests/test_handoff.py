@@ -148,7 +148,7 @@ def test_handoff_command_fails_loudly_when_a_row_misbehaves(sim_shim, capsys, mo
     from npu_lifetime.handoff import table
 
     monkeypatch.setattr(table, "replay", lambda cls: type("R", (), {"corrupted": cls is RecipeHandoff})())
-    assert main(["handoff", "--layers", "1", "--width", "16", "--fsdp2", "no"]) == 1
+    assert main(["handoff", "--layers", "2", "--width", "16", "--fsdp2", "no"]) == 1
     out = capsys.readouterr().out
     assert "UNEXPECTED: recipe (poll): a correct hand-off misbehaved" in out
 

@@ -132,6 +132,9 @@ def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1, late
     from .poison import late_read
 
     check_arguments(device, Handoff, layers=layers, width=width, steps=steps)
+    if layers < 2:  # with one, every stash is released after the device synchronised: the broken ones are safe
+        raise ValueError(f"layers must be at least 2 for the table (a broken hand-off's stash is released by the "
+                         f"next layer's all-gather), not {layers}")
     on_sim = device.name == "sim"
     delay = 0 if on_sim else device.late_read_delay if late_read_delay is None else late_read_delay
     if not on_sim:
