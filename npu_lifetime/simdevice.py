@@ -127,6 +127,18 @@ class Stream:
         _notify("on_stream_sync", self.key)  # CPU work is done: the host knows it
         return True
 
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """torch asks this when a simulated stream is passed to one of its
+        functions (its parser does not know the type and said only "unknown
+        parameter type").  Real streams never come here, so torch behaves as
+        before for them."""
+        if getattr(func, "__name__", None) == "record_stream":
+            raise TypeError("Tensor.record_stream takes a torch stream (torch.cuda.Stream, torch.npu.Stream); for a "
+                            "simdevice stream call npu_lifetime.record_stream(tensor, stream), which the simulated "
+                            "device and the sanitizer understand")
+        return NotImplemented
+
     def __eq__(self, other) -> bool:
         return isinstance(other, Stream) and other.handle == self.handle
 

@@ -532,6 +532,11 @@ SIMDEVICE_ROWS = [
         r"Event\.record takes a simdevice Stream .* or None, not str 'side'"),
     Row("Event.wait an event", lambda c: sd.Event().wait(sd.Event()), TypeError,
         r"Event\.wait takes a simdevice Stream .* or None, not the event"),
+    Row("Tensor.record_stream a simdevice stream", lambda c: c.x.record_stream(c.s), TypeError,
+        r"^Tensor\.record_stream takes a torch stream \(torch\.cuda\.Stream, torch\.npu\.Stream\); for a simdevice "
+        r"stream call npu_lifetime\.record_stream\(tensor, stream\)"),
+    Row("Tensor.record_stream a torch stream: torch's own answer", lambda c: c.x.record_stream(torch.Stream("cpu")),
+        NotImplementedError, r"Could not run 'aten::record_stream' with arguments from the 'CPU' backend"),
 ]
 
 SANITIZER_ROWS = [
