@@ -51,7 +51,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .sanitizer.runner import EXIT_USAGE, CheckError, check_json_path, check_script, write_json
+    from .sanitizer.runner import EXIT_USAGE, CheckError, check_json_path, check_script
 
     try:
         check_json_path(args.json)
@@ -60,14 +60,27 @@ def _check(args: argparse.Namespace) -> int:
             args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
             live=not args.no_live, on_race=args.on_race, strict=args.strict,
             allow_latent=args.allow_latent, suppressions=args.suppressions,
+            on_os_exit=lambda result: _report_check(result, args.json),
         )
     except CheckError as err:
         print(f"npu-lifetime check: {err}", file=sys.stderr)
         return EXIT_USAGE
+    return _report_check(result, args.json)
+
+
+def _report_check(result, json_path: Optional[str], command: str = "check") -> int:
+    """What check prints (the report; how the script ended) and writes
+    (--json) for a CheckResult, and its exit code.  Also run when the
+    script calls os._exit (the process then ends with this code)."""
+    from .sanitizer.runner import write_json
+
     print(result.report)
-    write_json(result, args.json)
+    write_json(result, json_path)
     if result.script_failed:
-        print(f"npu-lifetime check: the script {result.ending}", file=sys.stderr)
+        print(f"npu-lifetime {command}: the script {result.ending}", file=sys.stderr)
+    elif result.ending:  # os._exit(0): the process ends at that call
+        print(f"npu-lifetime {command}: the script {result.ending}: the report above covers what it did until then",
+              file=sys.stderr)
     return result.exit_code
 
 
@@ -375,7 +388,9 @@ def _parser() -> argparse.ArgumentParser:
                     "explicitly (--suppressions, --allow-latent); 2 bad usage (no such script, a device this "
                     "machine lacks, a malformed suppressions file), 3 the script itself failed. Options go before "
                     "SCRIPT; what follows SCRIPT is the script's own arguments (its sys.argv, as with python): one "
-                    "of the options below written after SCRIPT is passed to the script, and a note on stderr says so.",
+                    "of the options below written after SCRIPT is passed to the script, and a note on stderr says so. "
+                    "A script that calls os._exit is reported up to that call; the process ends there, with the "
+                    "exit code above.",
     )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--shim", action="store_true", help="install the allocator shim first (cuda/npu)")

@@ -5,12 +5,13 @@ script ended is one line the command prints beside its exit code, and its
 traceback shows the script's frames, not the launcher's."""
 from __future__ import annotations
 
+import operator
 import os
 import runpy
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 
 class ScriptPathError(ValueError):
@@ -31,20 +32,26 @@ def check_path(path: str) -> None:
 @dataclass(frozen=True)
 class Ending:
     """How a script ended: ``how`` is "" when it finished, else e.g.
-    "raised ValueError: boom", "exited with status 3", "exited: message"."""
+    "raised ValueError: boom", "exited with status 3", "exited: message",
+    "called os._exit(0)" (not failed)."""
 
     failed: bool
     how: str = ""
 
 
-def run(path: str, args: list, keep: Optional[list] = None) -> Ending:
+def run(path: str, args: list, keep: Optional[list] = None,
+        on_os_exit: Optional[Callable[[Ending], int]] = None) -> Ending:
     """Runs ``path`` with ``args``; its exceptions and exits never escape.
     ``keep``: a list that receives the script's globals when it finishes, so
     what they hold stays alive until the caller is done (``check`` reports it
-    as live, not as freed at exit)."""
+    as live, not as freed at exit).  ``on_os_exit``: called when the script
+    calls ``os._exit`` (which ends the process at once, past every finally
+    and atexit): it reports and returns the process's exit code, and the
+    process then ends with it, as the call would have ended it."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    restore = _hook_os_exit(on_os_exit) if on_os_exit is not None else None
     try:
         namespace = runpy.run_path(path, run_name="__main__")
         if keep is not None:
@@ -56,8 +63,43 @@ def run(path: str, args: list, keep: Optional[list] = None) -> Ending:
         sys.stderr.write(script_traceback(err, path))
         return Ending(True, f"raised {type(err).__name__}" + (f": {err}" if str(err) else ""))
     finally:
+        if restore is not None:
+            restore()
         sys.argv = saved_argv
         sys.path[:] = saved_path
+
+
+def _hook_os_exit(on_os_exit: Callable[[Ending], int]) -> Callable[[], None]:
+    """Replaces ``os._exit`` while the script runs (calls through ``os``;
+    a name imported before, ``from os import _exit``, is not seen).  A
+    forked child (multiprocessing ends its workers with ``os._exit``) exits
+    as it would have."""
+    real, pid = os._exit, os.getpid()
+
+    def _exit(status):
+        if os.getpid() != pid:
+            real(status)
+        try:
+            status = operator.index(status)
+        except TypeError:
+            real(status)  # raises os._exit's own TypeError
+        os._exit = real
+        code = status
+        try:
+            code = on_os_exit(Ending(status != 0, f"exited with status {status} (os._exit)" if status
+                                     else "called os._exit(0)"))
+        except BaseException as err:  # the report itself failed: say so, end as the script asked
+            sys.stderr.write(f"npu-lifetime: could not report before the script's os._exit({status}): {err!r}\n")
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            real(code)
+
+    os._exit = _exit
+    return lambda: setattr(os, "_exit", real)
 
 
 def _exit_ending(code) -> Ending:

@@ -117,6 +117,10 @@ SCRIPTS = {
     "exit3.py": "import sys\nsys.exit(3)",
     "exitmsg.py": "import sys\nsys.exit('the script says why')",
     "interrupted.py": "raise KeyboardInterrupt",
+    "osexit0.py": "import os\nprint('the script ran')\nos._exit(0)\nprint('never')",
+    "osexit5.py": "import os\nos._exit(5)",
+    "osexit_race.py": "import os, torch\nfrom npu_lifetime import simdevice as sd\nside = sd.Stream()\n"
+                      "x = torch.ones(1000)\nwith sd.stream(side):\n    y = x * 2\ndel x\nos._exit(0)",
 }
 
 
@@ -138,7 +142,8 @@ def _scratch_arg(ctx: Ctx, arg: str) -> str:
 def cli_process(*argv, env: dict) -> Callable:
     """A CLI row run as its own process (for what one process can load once)."""
     def call(ctx: Ctx) -> int:
-        done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", *argv], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", *(_scratch_arg(ctx, a) for a in argv)],
+                              capture_output=True, text=True,
                               env={**os.environ, **env}, cwd=ctx.tmp, timeout=120)
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
@@ -664,6 +669,15 @@ CHECK_ROWS = [
         r"the script exited with status 3", ran=True),
     Row("check script exits with a message", cli("check", "--device", "sim", "exitmsg.py"), 3,
         r"the script says why(.|\n)*the script exited: the script says why", ran=True),
+    # a script that ends with os._exit: what was found before it is reported, the process still ends there
+    Row("check script ends with os._exit(0) after findings", cli_process("check", "--device", "sim", "osexit_race.py",
+                                                                         env={}), 1,
+        r"^npu_lifetime: 2 finding\(s\): 2 fail the check(.|\n)*\[uncovered free, latent\] `x`", ran=True),
+    Row("check script ends with os._exit(0)", cli_process("check", "--device", "sim", "osexit0.py", env={}), 0,
+        r"^npu-lifetime check: the script called os\._exit\(0\): the report above covers what it did until then$",
+        ran=True),
+    Row("check script ends with os._exit(5)", cli_process("check", "--device", "sim", "osexit5.py", env={}), 3,
+        r"^npu-lifetime check: the script exited with status 5 \(os\._exit\)$", ran=True),
     Row("check our option after the script", cli("check", "--device", "sim", "ok.py", "--strict"), 0,
         r"^npu-lifetime check: note: --strict after the script are passed to the script \(its sys\.argv\); put "
         r"npu-lifetime's own options before the script$", ran=True),

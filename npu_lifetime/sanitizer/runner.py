@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_SCRIPT_FAILED = 0, 1, 2, 3
 
@@ -60,12 +60,15 @@ def check_script(
     strict: bool = False,
     allow_latent: bool = False,
     suppressions: Optional[str] = None,
+    on_os_exit: Optional[Callable[[CheckResult], int]] = None,
 ) -> CheckResult:
     """Runs ``script`` under a sanitizer.  Exit code 1 when findings fail
     the check: every race and every uncovered free, latent or actual,
     invalid frees and uses after free, unless silenced explicitly (the
     ``suppressions`` file, default ``$NPU_LIFETIME_SUPPRESSIONS``;
-    ``allow_latent``); with ``strict`` also live storages' uncovered uses."""
+    ``allow_latent``); with ``strict`` also live storages' uncovered uses.
+    ``on_os_exit``: when the script calls ``os._exit``, the result so far is
+    passed to it (to report), and the process ends with the code it returns."""
     import os
 
     from .. import user_script
@@ -98,20 +101,31 @@ def check_script(
             raise CheckError(str(err)) from None
     sanitizer.enable()
     kept: list = []  # the script's globals, alive until the flush: what they hold is live, not freed at exit
-    try:
-        ending = user_script.run(script, args, keep=kept)
-    finally:
+
+    def finish(ending: Optional["user_script.Ending"]) -> Optional[CheckResult]:
         from . import sites
 
-        with sites.phase("after the script ended (the garbage collector ran before the report)"):
-            gc.collect()
-        findings = sanitizer.flush()
-        sanitizer.disable()
-        kept.clear()
-    if not live:
-        findings = [f for f in findings if not getattr(f, "live", False)]
-    return CheckResult(findings, sanitizer.failing(findings), sanitizer.report(findings),
-                       sanitizer.to_json(findings), ending.failed, ending.how)
+        try:
+            with sites.phase("after the script ended (the garbage collector ran before the report)"):
+                gc.collect()
+            findings = sanitizer.flush()
+        finally:
+            sanitizer.disable()
+            kept.clear()
+        if ending is None:
+            return None
+        if not live:
+            findings = [f for f in findings if not getattr(f, "live", False)]
+        return CheckResult(findings, sanitizer.failing(findings), sanitizer.report(findings),
+                           sanitizer.to_json(findings), ending.failed, ending.how)
+
+    ending = None
+    try:
+        ending = user_script.run(script, args, keep=kept,
+                                 on_os_exit=None if on_os_exit is None else lambda how: on_os_exit(finish(how)))
+    finally:
+        result = finish(ending)
+    return result
 
 
 def check_json_path(path: Optional[str]) -> None:
