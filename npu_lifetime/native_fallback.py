@@ -1,6 +1,6 @@
 """record_use under a native caching allocator (no shim): an event on the
 use stream plus an owned reference to the storage, released once the event
-has fired.
+has fired, without another call.
 
 Invariants:
 
@@ -12,107 +12,283 @@ Invariants:
   segment counters (``num_device_alloc``/``num_device_free``) are
   unchanged: a freed segment's range may come back for another stream.
   When the table cannot tell, the call records (never wrong, only slower).
+  Only a storage's first call per stream asks.
 * **One live event per (storage, stream)**, kept in a per-stream FIFO
   ordered by record time: a repeated call re-records its event and moves it
   to the tail.  Events on one stream complete in order, so reclaiming looks
   at the oldest entry of each stream and stops at the first unfired one:
-  the work per call is the number of streams with entries plus what
+  the work per poll is the number of streams with entries plus what
   completed, not what is held.
-* **Capture.**  While the calling stream captures a CUDA graph the call
+* **Released without another call.**  A call records and holds; it never
+  polls (a poll would cost it a query per stream).  A background reaper
+  thread polls the FIFO heads while anything is held, soon after a first
+  entry, then backing off (1 ms doubling to 64 ms) while nothing fires; the
+  allocator's out-of-memory observer (torch's
+  ``_cuda_attach_out_of_memory_observer``) polls at once, so memory that
+  fired comes back before the next allocation retries.  ``reclaim()`` polls
+  on demand.  While a sanitizer watches the device the calls poll
+  themselves and the reaper leaves releasing to them (frees stay in the
+  program's own order for the sanitizer).
+* **Capture.**  While the calling stream captures a graph the call
   degrades to ``record_stream`` (the allocator itself defers events during
   capture) and nothing is recorded or queried: an event recorded during a
-  capture must never be queried.  Only events recorded outside captures are
-  ever held, and they are polled only by calls whose stream is not
-  capturing (there is no background thread: nothing in Python tells a
-  thread that another thread began a capture).
+  capture must never be queried.  No event is queried while any capture
+  may be underway: ``GATE`` counts the captures begun and not yet ended
+  through torch's graph classes (``torch.cuda.CUDAGraph``, torch_npu's
+  ``NPUGraph``: ``torch.cuda.graph``, ``make_graphed_callables`` and
+  cudagraph trees all go through their ``capture_begin``/``capture_end``),
+  and a poll holds the gate, so no capture begins in the middle of one;
+  the reaper also skips a stream the runtime says is capturing, and a call
+  or ``reclaim()`` polls only when the caller's current stream is not
+  capturing.  A capture begun below torch's graph classes on a stream the
+  fallback holds nothing for is not seen.
 * **``resize_(0)``** (how FSDP frees parameters) returns a storage's memory
   while the storage object lives on, so an owned reference alone does not
   hold it.  While a storage has pending entries, ``UntypedStorage.resize_``
-  to a smaller size first ``record_stream``s each pending stream, so the
+  to a smaller size first ``record_stream``s each pending stream (every one
+  while a capture may be underway: nothing is queried then), so the
   allocator keeps the memory until that stream's work at the resize is done.
-* **Fork.**  The lock is held across ``fork()``; the child starts empty and
-  never touches the parent's events or storages (its CUDA context is gone).
+* **Fork.**  The lock is held across ``fork()``; the child starts empty,
+  without a reaper, and never touches the parent's events or storages (its
+  CUDA context is gone).
 """
 from __future__ import annotations
 
+import atexit
 import bisect
+import contextlib
 import functools
+import operator
 import os
 import threading
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+# fork(): the gates' locks, then every fallback's, are held across it (the
+# reaper takes them in that order), so the child inherits none held.
+_FALLBACKS: "weakref.WeakSet" = weakref.WeakSet()
+_GATES: "weakref.WeakSet" = weakref.WeakSet()
 
-@dataclass
-class _Held:
-    event: object
-    storage: torch.UntypedStorage
-    device: int
+
+_held_across_fork: tuple = ((), ())
+
+
+def _before_fork() -> None:
+    global _held_across_fork
+    gates, fallbacks = list(_GATES), list(_FALLBACKS)
+    for gate in gates:
+        gate._lock.acquire()
+    for fallback in fallbacks:
+        fallback._lock.acquire()
+    _held_across_fork = (gates, fallbacks)
+
+
+def _after_fork_in_parent() -> None:
+    gates, fallbacks = _held_across_fork
+    for fallback in fallbacks:
+        fallback._lock.release()
+    for gate in gates:
+        gate._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    gates, fallbacks = _held_across_fork
+    for gate in gates:
+        gate._lock, gate._underway = threading.Lock(), set()  # the parent's captures are not the child's
+    for fallback in fallbacks:
+        fallback._after_fork_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+class CaptureGate:
+    """Whether a graph capture may be underway anywhere in this process.
+
+    It counts the captures begun and not yet ended through the graph
+    classes it watches (wrappers of their ``capture_begin`` and
+    ``capture_end``).  ``polling()`` holds the gate for the duration of a
+    poll: a capture that begins meanwhile waits for the poll to end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._underway: set = set()  # id() of each graph between its capture_begin and capture_end
+        self.watched: list = []
+        _GATES.add(self)
+
+    def watch(self, graph_class) -> None:
+        """Counts the captures of ``graph_class`` (once per class)."""
+        if graph_class is None or graph_class in self.watched:
+            return
+        begin, end = graph_class.capture_begin, graph_class.capture_end
+        gate = self
+
+        @functools.wraps(begin)
+        def capture_begin(graph, *args, **kwargs):
+            with gate._lock:  # waits for a poll in progress
+                gate._underway.add(id(graph))
+            try:
+                return begin(graph, *args, **kwargs)
+            except BaseException:
+                with gate._lock:
+                    gate._underway.discard(id(graph))
+                raise
+
+        @functools.wraps(end)
+        def capture_end(graph, *args, **kwargs):
+            try:
+                return end(graph, *args, **kwargs)
+            finally:
+                with gate._lock:
+                    gate._underway.discard(id(graph))
+
+        graph_class.capture_begin, graph_class.capture_end = capture_begin, capture_end
+        self.watched.append(graph_class)
+
+    def underway(self) -> int:
+        return len(self._underway)
+
+    @contextlib.contextmanager
+    def polling(self):
+        """Yields True when no capture is underway; none begins before the block ends."""
+        with self._lock:
+            yield not self._underway
+
+
+GATE = CaptureGate()
+GATE.watch(getattr(torch.cuda, "CUDAGraph", None))  # at import: before any capture npu_lifetime could miss
+
 
 
 class NativeFallback:
     """The fallback for one device API (``CudaAPI``, ``NpuAPI``, or a fake
-    in tests).  Thread-safe."""
+    in tests).  Thread-safe.  ``background``: release from a reaper thread
+    (the product); tests of the bookkeeping turn it off to poll by hand."""
 
-    def __init__(self, api) -> None:
+    def __init__(self, api, gate: CaptureGate = GATE, background: bool = True) -> None:
         self.api = api
+        self.gate = gate
+        self.background = background
         self.segments = SegmentTable(api)
         self._lock = threading.Lock()
-        self._fifos: dict = {}  # stream handle -> OrderedDict(storage key -> _Held)
-        self._streams_of: dict = {}  # storage key -> {stream handle: typed stream}
+        # stream handle -> OrderedDict(storage -> its event on that stream), in record order; a
+        # storage is its own key (torch keeps one Python object per storage while it lives)
+        self._fifos: dict = {}
+        self._stream_of: dict = {}  # stream handle -> (typed stream, device index), while it has a FIFO
         self._idle_events: dict = {}  # device index -> events that have fired
         self._orphans: list = []  # what a forked child inherited and must never touch
-        self.counts = dict.fromkeys(
-            ("recorded", "events_created", "queries", "released", "on_allocation_stream", "in_capture",
-             "kept_across_resize"), 0)
-        os.register_at_fork(before=self._lock.acquire, after_in_parent=self._lock.release,
-                            after_in_child=self._after_fork_in_child)
+        self._reaper: Optional[_Reaper] = None
+        self._observing_oom = False
+        self._recorded = 0
+        self._counts = dict.fromkeys(
+            ("events_created", "queries", "released", "on_allocation_stream", "in_capture",
+             "kept_across_resize", "polls", "released_in_background", "polls_skipped_for_capture",
+             "out_of_memory_polls"), 0)
+        self._is_capturing, self._handle = api.is_capturing, api.handle
+        # what a device API may lack (a fake in tests): the plain defaults
+        self._record_event = getattr(api, "record_event", None) or (lambda event, stream: event.record(stream))
+        self._stream_capturing = getattr(api, "stream_capturing", lambda stream: False)
+        self._sanitized = getattr(api, "sanitized", lambda: False)
+        for graph_class in getattr(api, "graph_classes", lambda: ())():
+            gate.watch(graph_class)
+        _FALLBACKS.add(self)  # its lock is held across fork() (_before_fork)
 
     # -- the call ----------------------------------------------------------------------
-    def record(self, tensor: torch.Tensor, stream) -> None:
-        api = self.api
-        if api.is_capturing():
-            api.record_stream(tensor, stream)
-            self.counts["in_capture"] += 1
+    def record(self, tensor: torch.Tensor, stream, storage: Optional[torch.UntypedStorage] = None,
+               poll: bool = False) -> None:
+        """Records an event on ``stream`` and holds the storage until it fired
+        (``storage``: the tensor's, if the caller has it).  ``poll``: also
+        release what has fired, now (the checked path does, while a
+        sanitizer watches: frees stay in the program's own order).  Written
+        for its cost: every line is on the per-call path."""
+        if self._is_capturing():
+            self.api.record_stream(tensor, stream)
+            self._counts["in_capture"] += 1
             return
-        handle = api.handle(stream)
-        storage = tensor.untyped_storage()
-        device = api.device_index(stream)
-        if self.segments.is_allocation_stream(storage.data_ptr(), device, handle):
-            self.counts["on_allocation_stream"] += 1
-            return
-        _guard_resize(self)
-        with self._lock:
-            released = self._reclaim_locked()
-            key = storage._cdata
-            fifo = self._fifos.setdefault(handle, OrderedDict())
-            held = fifo.get(key)
-            if held is None:
-                held = fifo[key] = _Held(self._event_locked(device), storage, device)
-                self._streams_of.setdefault(key, {})[handle] = stream
+        handle = self._handle(stream)
+        if storage is None:
+            storage = tensor.untyped_storage()
+        fifo = self._fifos.get(handle)
+        if fifo is None or storage not in fifo:  # its first call on this stream
+            if self.segments.is_allocation_stream(storage.data_ptr(), self.api.device_index(stream), handle):
+                self._counts["on_allocation_stream"] += 1
+                return
+            _guard_resize(self)
+        lock = self._lock
+        lock.acquire()
+        try:
+            fifos = self._fifos
+            first = not fifos
+            fifo = fifos.get(handle)
+            if fifo is None:
+                fifo = fifos[handle] = OrderedDict()
+                self._stream_of[handle] = (stream, self.api.device_index(stream))
+            event = fifo.get(storage)
+            if event is None:
+                event = fifo[storage] = self._event_locked(self._stream_of[handle][1])
             else:
-                fifo.move_to_end(key)
-            held.event.record(stream)
-            self.counts["recorded"] += 1
-        del released  # storages may die here, outside the lock
+                fifo.move_to_end(storage)
+            self._record_event(event, stream)
+            self._recorded += 1
+        finally:
+            lock.release()
+        if first:
+            self._start_background()
+        if poll:
+            self.reclaim()
+
+    @property
+    def counts(self) -> dict:
+        return {"recorded": self._recorded, **self._counts}
 
     # -- reclaiming ---------------------------------------------------------------------------
     def reclaim(self) -> int:
         """Releases what has fired; returns how many entries.  Does nothing
-        while the calling stream captures."""
+        while the calling stream captures or a capture may be underway."""
         if self.api.is_capturing():
             return 0
-        with self._lock:
-            released = self._reclaim_locked()
+        with self.gate.polling() as open_:
+            if not open_:
+                self._counts["polls_skipped_for_capture"] += 1
+                return 0
+            with self._lock:
+                released = self._reclaim_locked(check_streams=False)
         return len(released)
 
+    def poll_in_background(self) -> Optional[int]:
+        """The reaper's poll: releases what has fired, never while a capture
+        may be underway nor on a stream that captures; None when it left the
+        poll to the calls (a sanitizer watches the device)."""
+        if self._sanitized():
+            return None
+        with self.gate.polling() as open_:
+            if not open_:
+                self._counts["polls_skipped_for_capture"] += 1
+                return 0
+            with self._lock:
+                released = self._reclaim_locked(check_streams=True)
+                self._counts["polls"] += 1
+                self._counts["released_in_background"] += len(released)
+        return len(released)
+
+    def on_out_of_memory(self, *_args) -> None:
+        """The allocator's out-of-memory observer: release what has fired now."""
+        try:
+            self._counts["out_of_memory_polls"] += 1
+            self.reclaim()
+        except Exception:  # an observer must not raise into the allocator
+            pass
+
     def wait_all(self) -> None:
-        """Blocks until every held event has fired, then releases them."""
+        """Blocks until every held event has fired, then releases them.
+        Refused while a capture may be underway (the host may not wait then)."""
+        if self.api.is_capturing() or self.gate.underway():
+            raise RuntimeError("npu_lifetime: wait_all() while a graph capture is underway")
         with self._lock:
-            events = [held.event for fifo in self._fifos.values() for held in fifo.values()]
+            events = [event for fifo in self._fifos.values() for event in fifo.values()]
         for event in events:
             event.synchronize()
         self.reclaim()
@@ -121,56 +297,153 @@ class NativeFallback:
         with self._lock:
             return sum(len(fifo) for fifo in self._fifos.values())
 
-    def _reclaim_locked(self) -> list:
+    def has_entries(self) -> bool:
+        return bool(self._fifos)
+
+    def _reclaim_locked(self, check_streams: bool) -> list:
         released = []
+        query = self.api.query
         for handle in list(self._fifos):
             fifo = self._fifos[handle]
+            stream, device = self._stream_of[handle]
+            if check_streams and self._stream_capturing(stream):
+                self._counts["polls_skipped_for_capture"] += 1
+                continue
+            idle = None
             while fifo:
-                key, held = next(iter(fifo.items()))
-                self.counts["queries"] += 1
-                if not self.api.query(held.event):
+                storage, event = next(iter(fifo.items()))
+                self._counts["queries"] += 1
+                if not query(event):
                     break  # later entries on this stream were recorded after it
                 fifo.popitem(last=False)
-                released.append(held.storage)
-                self._idle_events.setdefault(held.device, []).append(held.event)
-                streams = self._streams_of[key]
-                del streams[handle]
-                if not streams:
-                    del self._streams_of[key]
+                released.append(storage)
+                if idle is None:
+                    idle = self._idle_events.setdefault(device, [])
+                idle.append(event)
             if not fifo:
-                del self._fifos[handle]
-        self.counts["released"] += len(released)
+                del self._fifos[handle], self._stream_of[handle]
+        self._counts["released"] += len(released)
         return released
 
     def _event_locked(self, device: int):
         idle = self._idle_events.get(device)
         if idle:
             return idle.pop()
-        self.counts["events_created"] += 1
+        self._counts["events_created"] += 1
         return self.api.new_event()
+
+    def _start_background(self) -> None:
+        """On a first entry: the out-of-memory observer (once) and the reaper."""
+        if not self._observing_oom:
+            self._observing_oom = True
+            attach = getattr(self.api, "attach_oom_observer", None)
+            if attach is not None:
+                attach(_weak_method(self.on_out_of_memory))
+        if not self.background:
+            return
+        reaper = self._reaper
+        if reaper is None:
+            reaper = self._reaper = _Reaper(self)
+        reaper.wake()
+
+    def stop_background(self, timeout: float = 1.0) -> None:
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.stop(timeout)
 
     # -- resize_ ------------------------------------------------------------------------------------
     def before_shrink(self, storage: torch.UntypedStorage) -> None:
         """``storage`` is about to give back memory: keep it for every
         pending stream (the allocator records an event there at the free)."""
-        with self._lock:
-            streams = dict(self._streams_of.get(storage._cdata, {}))
-            pending = [s for h, s in streams.items() if not self.api.query(self._fifos[h][storage._cdata].event)]
+        with self.gate.polling() as open_, self._lock:
+            entries = [(self._stream_of[h][0], fifo[storage]) for h, fifo in self._fifos.items() if storage in fifo]
+            if open_ and not self.api.is_capturing():
+                pending = [stream for stream, event in entries if not self.api.query(event)]
+            else:  # no query may be made now: every stream counts as pending
+                pending = [stream for stream, _ in entries]
         if pending:
             alias = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
             for stream in pending:
                 self.api.record_stream(alias, stream)
-            self.counts["kept_across_resize"] += len(pending)
+            self._counts["kept_across_resize"] += len(pending)
 
     def guards(self, storage) -> bool:
-        return storage._cdata in self._streams_of
+        return any(storage in fifo for fifo in self._fifos.values())
 
     # -- fork -----------------------------------------------------------------------------------
     def _after_fork_in_child(self) -> None:
         self._orphans.append((self._fifos, self._idle_events))
         self._lock = threading.Lock()
-        self._fifos, self._streams_of, self._idle_events = {}, {}, {}
+        self._fifos, self._stream_of, self._idle_events = {}, {}, {}
+        self._reaper = None  # its thread did not come along
         self.segments = SegmentTable(self.api)
+
+
+def _weak_method(method):
+    """A callable that calls ``method`` while its object lives (the
+    allocator keeps observers forever)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
+class _Reaper:
+    """The thread that polls a fallback's FIFO heads while it holds anything:
+    soon after it is woken (a first entry), then backing off while nothing
+    fires.  A daemon; stopped at interpreter exit."""
+
+    MIN_INTERVAL, MAX_INTERVAL = 0.001, 0.064
+
+    def __init__(self, fallback: NativeFallback) -> None:
+        self._fallback = weakref.ref(fallback)
+        self._cond = threading.Condition(threading.Lock())
+        self._stop = self._woken = False
+        self._thread = threading.Thread(target=self._run, name="npu_lifetime-record_use-reaper", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        interval = self.MIN_INTERVAL
+        while True:
+            with self._cond:
+                while not self._stop and not self._woken and not self._has_entries():
+                    self._cond.wait()
+                if self._woken:
+                    self._woken, interval = False, self.MIN_INTERVAL
+                if not self._stop:
+                    self._cond.wait(interval)
+                if self._stop:
+                    return
+            fallback = self._fallback()
+            if fallback is None:
+                return
+            try:
+                released = fallback.poll_in_background()
+            except Exception:  # a runtime error: try again later, never die
+                released = 0
+            del fallback
+            interval = self.MIN_INTERVAL if released else min(interval * 2, self.MAX_INTERVAL)
+
+    def _has_entries(self) -> bool:
+        fallback = self._fallback()
+        return fallback is not None and fallback.has_entries()
 
 
 class SegmentTable:
@@ -251,8 +524,15 @@ def _internal_query(event) -> bool:
 
 
 class CudaAPI:
+    device_type = "cuda"
+
     def __init__(self) -> None:
         self.query = _internal_query
+        # the bindings themselves where torch has them: a Python frame costs about what the call does
+        base = getattr(torch._C, "_CudaEventBase", None)
+        self.record_event = getattr(base, "record", None) or (lambda event, stream: event.record(stream))
+        self.is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or self.is_capturing
+        self.handle = operator.attrgetter("cuda_stream")
 
     def new_event(self):
         return torch.cuda.Event()
@@ -270,6 +550,20 @@ class CudaAPI:
         return torch.cuda.is_current_stream_capturing()
 
     @staticmethod
+    def stream_capturing(stream) -> bool:
+        """Whether ``stream`` captures (the runtime's answer; an error counts as yes)."""
+        try:
+            with torch.cuda.stream(stream):
+                return torch.cuda.is_current_stream_capturing()
+        except Exception:
+            return True
+
+    def sanitized(self) -> bool:
+        from .sanitizer import watchers
+
+        return watchers.watching(self.device_type)
+
+    @staticmethod
     def record_stream(tensor, stream) -> None:
         tensor.record_stream(stream)
 
@@ -282,16 +576,32 @@ class CudaAPI:
         stats = torch.cuda.memory_stats_as_nested_dict(device)
         return stats["num_device_alloc"], stats["num_device_free"]
 
+    @staticmethod
+    def graph_classes() -> tuple:
+        return (getattr(torch.cuda, "CUDAGraph", None),)
+
+    @staticmethod
+    def attach_oom_observer(observer) -> None:
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is not None:
+            attach(observer)
+
 
 class NpuAPI(CudaAPI):
     """torch_npu's counterparts (written against its published API; not run
     on an NPU here)."""
 
+    device_type = "npu"
+
     def __init__(self) -> None:
         import torch_npu
 
         self._npu = torch_npu.npu
+        self._c = torch_npu._C
         self.query = _internal_query
+        self.record_event = lambda event, stream: event.record(stream)  # through torch_npu's task queue
+        self.is_capturing = self._npu.is_current_stream_capturing
+        self.handle = lambda stream: int(stream.npu_stream)
 
     def new_event(self):
         return self._npu.Event()
@@ -303,12 +613,27 @@ class NpuAPI(CudaAPI):
     def is_capturing(self) -> bool:
         return self._npu.is_current_stream_capturing()
 
+    def stream_capturing(self, stream) -> bool:
+        try:
+            with self._npu.stream(stream):
+                return self._npu.is_current_stream_capturing()
+        except Exception:
+            return True
+
     def segments(self) -> list:
         return self._npu.memory_snapshot()
 
     def segment_version(self, device: int) -> tuple:
         stats = self._npu.memory_stats(device)
         return stats["num_device_alloc"], stats["num_device_free"]
+
+    def graph_classes(self) -> tuple:
+        return (getattr(self._npu, "NPUGraph", None),)
+
+    def attach_oom_observer(self, observer) -> None:
+        attach = getattr(self._c, "_npu_attach_out_of_memory_observer", None)
+        if attach is not None:
+            attach(observer)
 
 
 class _PerDevice:
@@ -325,7 +650,10 @@ class _PerDevice:
         return fallback
 
     def record(self, tensor: torch.Tensor, stream) -> None:
-        self.for_device(tensor.device.type).record(tensor, stream)
+        """The checked path's way in: while a sanitizer watches the device the
+        call also releases what fired (the reaper leaves that to calls then)."""
+        fallback = self.for_device(tensor.device.type)
+        fallback.record(tensor, stream, poll=fallback.api.sanitized())
 
     def held(self) -> int:
         return sum(f.held() for f in self._by_type.values())

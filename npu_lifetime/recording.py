@@ -8,12 +8,13 @@ stream keep one live event (a stream runs in order: the later one subsumes).
 
 Where a call goes, cheapest first:
 
-1. **Fast path**: the shim is installed for the tensor's device, no
-   dispatch mode is active in this thread (so no sanitizer could see an op)
-   and nothing is being compiled.  The storage's
-   address and the raw stream handle go to ``npl_record_use`` in one ctypes
-   call; every check that would cost time in the common case is left to the
-   failure branch (``_ShimRoute.fast``).
+1. **Fast path**: no dispatch mode is active in this thread (so no
+   sanitizer could see an op) and nothing is being compiled.  With the shim
+   installed for the tensor's device, the storage's address and the raw
+   stream handle go to ``npl_record_use`` in one ctypes call
+   (``_ShimRoute.fast``); without it, straight to ``NativeFallback.record``
+   (``_fallback_fast``).  Every check that would cost time in the common
+   case is left to the failure branch.
 2. **The custom op** ``npu_lifetime::record_use(Tensor, int stream_id, int
    device_index, int device_type)`` when a sanitizer watches the device (its
    dispatch mode sees the op) or torch.compile traces the call (the op is
@@ -389,11 +390,55 @@ def _installed_route(device_type: str) -> Optional[_ShimRoute]:
 
 
 def _enable_fast_path_if_installed(device_type: str) -> None:
+    """The shim's fast path for the device if the shim is installed for it,
+    else the native fallback's (replaced once the shim is installed)."""
     global _fast
-    if _fast is None and device_type in DEVICE_TYPES:
+    if (_fast is None or getattr(_fast, "fallback", False)) and device_type in DEVICE_TYPES:
         route = _routes.get(device_type) or _installed_route(device_type)
         if route is not None:
             _fast = route.fast
+        elif _fast is None:
+            _fast = _fallback_fast(device_type)
+
+
+def _fallback_fast(device_type: str) -> Callable:
+    """record_use under the native caching allocator with the checks the
+    common case does not need left to the checked path (False sends the
+    call there): a tensor of this device type, a typed stream of its device
+    or None (the current stream), memory to keep, no shim installed since."""
+    from . import native_fallback
+    from .shim import install as shim_install
+
+    record = native_fallback.FALLBACK.for_device(device_type).record
+    if device_type == "cuda":
+        flag, stream_type = "is_cuda", torch.cuda.Stream
+        current = torch.cuda.current_stream
+    else:
+        import torch_npu
+
+        flag, stream_type = "is_npu", torch_npu.npu.Stream
+        current = torch.npu.current_stream
+    get_device = torch.Tensor.get_device
+
+    def fast(tensor, stream) -> bool:
+        try:
+            if (not getattr(tensor, flag) or _is_compiling() or _dispatch_modes()
+                    or shim_install._installed is not None):
+                return False
+            if stream is None:
+                stream = current(tensor.device)
+            elif type(stream) is not stream_type or stream.device_index != get_device(tensor):
+                return False
+            storage = tensor.untyped_storage()
+            if not storage.data_ptr():  # no elements, or a freed storage: the checked path says which
+                return False
+        except (AttributeError, TypeError):  # not a tensor or not a stream
+            return False
+        record(tensor, stream, storage)
+        return True
+
+    fast.fallback = True
+    return fast
 
 
 @contextlib.contextmanager

@@ -69,9 +69,10 @@ class CudaDevice:
 
     @staticmethod
     def let_go():
-        """record_use's native fallback holds a storage until its event fired,
-        and lets it go at its next call: give the event time to fire (the
-        device is idle), then let go, telling the sanitizer nothing."""
+        """record_use's native fallback holds a storage until its event fired
+        (under a sanitizer its calls let go, not its reaper thread): give the
+        event time to fire (the device is idle), then let go, telling the
+        sanitizer nothing."""
         import time
 
         from npu_lifetime.recording import FALLBACK

@@ -1,8 +1,9 @@
 """The native fallback's logic against a fake device API whose streams run
 when the test says so (the same class runs over torch.cuda in
-test_gpu_fallback.py): no-op on the allocation stream, one live event per
-(storage, stream), reclaiming that costs what completed, capture, resize_(0),
-fork."""
+test_gpu_record_use.py): no-op on the allocation stream, one live event per
+(storage, stream), reclaiming that costs what completed, release without
+another call (the reaper thread, the out-of-memory observer), no query while
+a capture may be underway (the capture gate), capture, resize_(0), fork."""
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from npu_lifetime.native_fallback import NativeFallback
+from npu_lifetime.native_fallback import CaptureGate, NativeFallback
 
 
 class FakeStream:
@@ -38,17 +39,28 @@ class FakeEvent:
 
 class FakeAPI:
     def __init__(self) -> None:
-        self.capturing = False
+        self.capturing = False  # the calling thread's current stream captures
+        self.capture_underway = False  # a capture elsewhere in the process (FakeGraph)
+        self.violations = []  # queries made while a capture was underway
         self.queries = 0
         self.recorded_streams = []  # (tensor storage address, stream handle) passed to record_stream
         self.segment_list = []
         self.version = (0, 0)
+        self.oom_observers = []
 
     def query(self, event: FakeEvent) -> bool:
-        if self.capturing:
+        if self.capturing or self.capture_underway or getattr(event.stream, "capturing", False):
+            self.violations.append(event)  # the reaper thread swallows exceptions: keep a record
             raise AssertionError("queried an event during capture")
         self.queries += 1
         return event.stream.done >= event.mark
+
+    @staticmethod
+    def stream_capturing(stream) -> bool:
+        return getattr(stream, "capturing", False)
+
+    def attach_oom_observer(self, observer) -> None:
+        self.oom_observers.append(observer)
 
     def new_event(self):
         return FakeEvent()
@@ -86,7 +98,30 @@ def api():
 
 @pytest.fixture
 def fallback(api):
-    return NativeFallback(api)
+    """Polled by hand: no reaper thread, a capture gate of its own."""
+    return NativeFallback(api, gate=CaptureGate(), background=False)
+
+
+def make_graph_class(api):
+    """A graph class like torch.cuda.CUDAGraph, whose capture the fake API sees."""
+
+    class FakeGraph:
+        def capture_begin(self):
+            api.capture_underway = True
+
+        def capture_end(self):
+            api.capture_underway = False
+
+    return FakeGraph
+
+
+def wait_for(condition, timeout=5.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.002)
+    return condition()
 
 
 def test_a_use_on_the_allocation_stream_is_a_no_op(api, fallback):
@@ -153,8 +188,9 @@ def test_reclaiming_costs_what_completed_not_what_is_held(api, fallback):
         fallback.record(t, side)
     fallback.record(torch.ones(1), other)
     api.queries = 0
-    fallback.record(torch.ones(1), other)  # nothing completed: one query per stream
-    assert api.queries == 2
+    fallback.record(torch.ones(1), other)  # a call records and holds: it polls nothing
+    assert api.queries == 0
+    assert fallback.reclaim() == 0 and api.queries == 2  # nothing completed: one query per stream
     side.run(10)
     api.queries = 0
     assert fallback.reclaim() == 10
@@ -169,7 +205,7 @@ def test_released_exactly_when_the_latest_use_has_fired(ops):
     record_use on it has not finished; the fallback must agree after every
     reclaim."""
     api = FakeAPI()
-    fallback = NativeFallback(api)
+    fallback = NativeFallback(api, gate=CaptureGate(), background=False)
     streams = [FakeStream(h + 1) for h in range(3)]
     tensors = [torch.ones(1) for _ in range(5)]
     latest = {}  # (tensor index, stream) -> queue position of the latest record
@@ -262,3 +298,153 @@ def test_a_use_on_another_stream_costs_no_allocator_query(api, fallback):
     for _ in range(10):
         fallback.record(x, side)
     assert calls == []  # the cached table says "not the allocation stream": no stats call
+
+
+# -- release without another call -----------------------------------------------------------------
+
+def test_a_storage_is_released_once_its_event_fired_without_another_call(api):
+    fallback = NativeFallback(api, gate=CaptureGate())  # the product's way: a reaper thread
+    side = FakeStream(2)
+    x = torch.ones(256)
+    fallback.record(x, side)
+    del x
+    time.sleep(0.05)
+    assert fallback.held() == 1  # still queued on side: held
+    side.run()  # the consumer finished; nobody calls record_use again
+    assert wait_for(lambda: fallback.held() == 0), "the storage was not released without another call"
+    assert fallback.counts["released_in_background"] == 1 and api.violations == []
+    fallback.stop_background()
+
+
+def test_the_reaper_backs_off_while_nothing_fires_and_sleeps_when_nothing_is_held(api):
+    fallback = NativeFallback(api, gate=CaptureGate())
+    side = FakeStream(2)
+    fallback.record(torch.ones(4), side)
+    time.sleep(0.5)
+    polls = fallback.counts["polls"]
+    assert 3 <= polls <= 60, polls  # 1 ms doubling to 64 ms: about a dozen in half a second
+    side.run()
+    assert wait_for(lambda: fallback.held() == 0)
+    polls = fallback.counts["polls"]
+    time.sleep(0.2)
+    assert fallback.counts["polls"] == polls  # nothing held: asleep
+    fallback.record(torch.ones(4), side)  # a first entry wakes it at once
+    side.run()
+    assert wait_for(lambda: fallback.held() == 0, timeout=0.5)
+    fallback.stop_background()
+
+
+def test_no_query_while_a_capture_may_be_underway_anywhere(api):
+    gate = CaptureGate()
+    graph_class = make_graph_class(api)
+    gate.watch(graph_class)
+    fallback = NativeFallback(api, gate=gate)
+    side = FakeStream(2)
+    fallback.record(torch.ones(4), side)
+    graph = graph_class()
+    graph.capture_begin()  # another part of the program captures; this thread's stream does not
+    side.run()
+    time.sleep(0.2)  # the reaper wakes up many times meanwhile
+    assert fallback.reclaim() == 0  # a poll on demand waits too
+    assert fallback.held() == 1 and api.violations == []
+    assert fallback.counts["polls_skipped_for_capture"] >= 2
+    graph.capture_end()
+    assert wait_for(lambda: fallback.held() == 0)
+    assert api.violations == []
+    fallback.stop_background()
+
+
+def test_a_capture_waits_for_a_poll_in_progress(api):
+    gate = CaptureGate()
+    graph_class = make_graph_class(api)
+    gate.watch(graph_class)
+    began = threading.Event()
+    with gate.polling() as open_:
+        assert open_
+        t = threading.Thread(target=lambda: (graph_class().capture_begin(), began.set()))
+        t.start()
+        time.sleep(0.1)
+        assert not began.is_set()  # capture_begin waits until the poll ends
+    t.join(5)
+    assert began.is_set() and gate.underway() == 1
+    with gate.polling() as open_:
+        assert not open_
+
+
+def test_the_reaper_skips_a_stream_that_captures(api):
+    fallback = NativeFallback(api, gate=CaptureGate())
+    side, other = FakeStream(2), FakeStream(3)
+    fallback.record(torch.ones(4), side)
+    fallback.record(torch.ones(4), other)
+    side.capturing = True  # captured below torch's graph classes: the runtime still says so
+    side.run()
+    other.run()
+    assert wait_for(lambda: fallback.held() == 1)  # other's entry went, side's stays
+    time.sleep(0.1)
+    assert fallback.held() == 1 and api.violations == []
+    side.capturing = False
+    assert wait_for(lambda: fallback.held() == 0)
+    fallback.stop_background()
+
+
+def test_the_out_of_memory_observer_releases_what_fired(api, fallback):
+    side = FakeStream(2)
+    fallback.record(torch.ones(4), side)
+    [observer] = api.oom_observers  # attached at the first entry
+    side.run()
+    observer(0, 1 << 30, 0, 0)  # what torch calls before it raises OutOfMemoryError
+    assert fallback.held() == 0 and fallback.counts["out_of_memory_polls"] == 1
+
+
+def test_resize_while_a_capture_may_be_underway_keeps_every_stream_without_a_query(api):
+    gate = CaptureGate()
+    graph_class = make_graph_class(api)
+    gate.watch(graph_class)
+    fallback = NativeFallback(api, gate=gate, background=False)
+    side, done = FakeStream(2), FakeStream(3)
+    x = torch.ones(256)
+    fallback.record(x, side)
+    fallback.record(x, done)
+    done.run()
+    graph = graph_class()
+    graph.capture_begin()
+    x.untyped_storage().resize_(0)
+    graph.capture_end()
+    assert sorted(h for _, h in api.recorded_streams) == [side.handle, done.handle]  # no query: both kept
+    assert api.violations == []
+
+
+def test_fork_while_the_reaper_polls_leaves_the_child_free_to_poll(api):
+    gate = CaptureGate()
+    fallback = NativeFallback(api, gate=gate)
+    side = FakeStream(2)
+    fallback.record(torch.ones(4), side)  # never fires: the reaper keeps polling
+    for _ in range(5):
+        time.sleep(0.01)
+        pid = os.fork()
+        if pid == 0:  # whatever the reaper held at fork() time, the child gets it free
+            try:
+                child_side = FakeStream(9)
+                fallback.record(torch.ones(4), child_side)
+                ok = fallback.held() == 1  # its own entry; not the parent's
+                child_side.run()
+                fallback.reclaim()  # (or the child's own reaper)
+                ok = ok and wait_for(lambda: fallback.held() == 0, timeout=2)
+                with gate.polling() as open_:
+                    ok = ok and open_
+                os._exit(0 if ok else 2)
+            except BaseException:
+                os._exit(3)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child deadlocked")
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert fallback.held() == 1
+    fallback.stop_background()

@@ -54,9 +54,17 @@ def fallback_capture() -> dict:
     except Exception as err:  # reported, not raised: the test shows it
         error = f"{type(err).__name__}: {err}"
     torch.cuda.synchronize()
-    reclaimed_after = FALLBACK.reclaim()
+    released_after = _wait_until_released()  # the reaper polled through the capture: the gate kept it out
     return {"error": error, "replayed_ok": error is None and bool(torch.equal(y, x * 2)),
-            "reclaimed_after_capture": reclaimed_after, **counts()}
+            "released_after_capture": released_after, "held_after": FALLBACK.held(), **counts()}
+
+
+def _wait_until_released(timeout: float = 5.0) -> bool:
+    """True once the fallback holds nothing, without a record_use call (its reaper thread)."""
+    deadline = time.time() + timeout
+    while FALLBACK.held() and time.time() < deadline:
+        time.sleep(0.005)
+    return FALLBACK.held() == 0
 
 
 def _resize_round(with_record_use: bool) -> dict:
@@ -139,7 +147,7 @@ def fallback_fork(rounds: str = "10") -> dict:
     return {"outcomes": outcomes}
 
 
-def fallback_reclaimed_at_the_next_call() -> dict:
+def fallback_released_without_another_call() -> dict:
     side = torch.cuda.Stream()
     x = torch.ones(1 << 20, device="cuda")
     side.wait_stream(torch.cuda.current_stream())
@@ -150,9 +158,68 @@ def fallback_reclaimed_at_the_next_call() -> dict:
         npu_lifetime.record_use(x, side)  # one live event per (storage, stream)
     held = FALLBACK.held()
     del x
+    time.sleep(0.02)
+    held_while_sleeping = FALLBACK.held()  # side still sleeps: held
     torch.cuda.synchronize()
-    npu_lifetime.record_use(torch.ones(4, device="cuda"), side)  # any later call reclaims what fired
-    return {"held_while_pending": held, "held_after": FALLBACK.held(), **counts()}
+    released = _wait_until_released()  # no further record_use call
+    return {"held_while_pending": held, "held_while_sleeping": held_while_sleeping, "released": released,
+            **counts()}
+
+
+def fallback_out_of_memory_observer() -> dict:
+    """With the reaper stopped, a storage whose event fired is released by
+    the allocator's out-of-memory observer; the next allocation succeeds."""
+    fallback = FALLBACK.for_device("cuda")
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    total = torch.cuda.get_device_properties(0).total_memory
+    n = int(total * 0.3) // 4
+    side = torch.cuda.Stream()
+    x = torch.empty(n, device="cuda")
+    npu_lifetime.record_use(x, side)  # side is idle: fires at once
+    fallback.stop_background()
+    del x
+    torch.cuda.synchronize()
+    held_before = fallback.held()
+    oom = False
+    try:
+        torch.empty(n, device="cuda")
+    except torch.OutOfMemoryError:
+        oom = True
+    held_after = fallback.held()
+    y = torch.empty(n, device="cuda")  # x's memory is back in the allocator's cache
+    return {"held_before": held_before, "oom": oom, "held_after": held_after, "allocated_after": y.numel() == n,
+            **counts()}
+
+
+def fallback_cost_new_storages(n: str = "20000") -> dict:
+    """Per-call host time of record_use (fast path to the fallback) on a
+    fresh storage each call and on one storage re-recorded, against a raw
+    event record, medians of interleaved rounds."""
+    import statistics
+
+    n = int(n)
+    side = torch.cuda.Stream()
+    event = torch.cuda.Event()
+    pool = [torch.ones(256, device="cuda") for _ in range(n)]
+    one = pool[0]
+    npu_lifetime.record_use(one, side)  # enables the fast path
+    rounds = {"event_record": [], "record_use, one storage": [], "record_use, a new storage each call": []}
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            event.record(side)
+        rounds["event_record"].append((time.perf_counter() - t0) / n * 1e6)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            npu_lifetime.record_use(one, side)
+        rounds["record_use, one storage"].append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for t in pool:
+            npu_lifetime.record_use(t, side)
+        rounds["record_use, a new storage each call"].append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return {"us": {k: statistics.median(v) for k, v in rounds.items()}, **counts()}
 
 
 def shim_fast_path() -> dict:
