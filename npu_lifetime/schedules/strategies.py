@@ -286,11 +286,13 @@ def build_schedule(
 
 
 def raw_steps(max_steps: int = 30, min_steps: int = 0):
-    """The strategy for the bytes ``build_schedule`` interprets: a length in
-    steps drawn uniformly first, so long schedules are as common as short."""
-    return st.integers(min_steps, max_steps).flatmap(
-        lambda n: st.binary(min_size=n * BYTES_PER_STEP, max_size=n * BYTES_PER_STEP)
-    )
+    """The strategy for the bytes ``build_schedule`` interprets: a list of
+    steps of four bytes each, joined.  Each step is an element hypothesis can
+    delete on its own while shrinking, so a failing schedule shrinks to the
+    few steps it needs (a length drawn first, then that many bytes, could
+    only shrink by regenerating: reproducers kept dozens of steps)."""
+    step = st.binary(min_size=BYTES_PER_STEP, max_size=BYTES_PER_STEP)
+    return st.lists(step, min_size=min_steps, max_size=max_steps).map(b"".join)
 
 
 @st.composite
