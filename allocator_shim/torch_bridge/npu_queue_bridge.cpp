@@ -14,8 +14,10 @@
 //
 // NPUEvent needs torch_npu's NPUStream, while the pluggable allocator hands
 // the shim bare aclrtStreams: the bridge remembers the NPUStream of every
-// aclrtStream it meets (record_stream/erase_stream hooks, record_use's
-// Python stream, the current and default streams).  A stream it has never
+// aclrtStream it meets.  It is torch_npu's allocation entry point (forwarding
+// to the torch bridge or the shim), so it meets each allocation's stream, the
+// current one, at the allocation; and it meets record_stream/erase_stream's
+// streams and record_use's Python stream.  A stream it has never
 // met (an external stream: NPUEvent refuses those) is synchronised instead,
 // so the event is left unrecorded, which reads as complete: slower, never
 // early.  No exception crosses the C ABI: each becomes an error code whose
@@ -87,6 +89,24 @@ bool find(aclrtStream handle, c10_npu::NPUStream* out) {
         }
     }
     return false;
+}
+
+// Allocation: the stream torch_npu allocates on is the current stream of
+// the device (getCurrentNPUStreamNoWait).  One comparison per allocation
+// once a thread's stream is known.
+void* (*forward_alloc)(size_t, int, void*) = nullptr;
+void (*forward_free)(void*, size_t, int, void*) = nullptr;
+thread_local aclrtStream last_allocation_stream = nullptr;
+
+void learn_allocation_stream(int device, aclrtStream handle) {
+    if (handle == last_allocation_stream) return;
+    c10_npu::NPUStream s = c10_npu::getDefaultNPUStream();
+    if (!known(handle, &s)) {
+        c10_npu::NPUStream current = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
+        if (current.stream(false) != handle) return;  // raw_alloc_with_stream on another stream: met later, or not
+        remember(current);
+    }
+    last_allocation_stream = handle;
 }
 
 c10_npu::NPUEvent* as_event(void* event) { return static_cast<c10_npu::NPUEvent*>(event); }
@@ -222,6 +242,25 @@ NPL_EXPORT void* npl_npu_stream_handle(int64_t stream_id, int device_index, int 
 }
 
 NPL_EXPORT const char* npl_npu_last_error() { return last_error.c_str(); }
+
+// torch_npu's allocation entry points (NPUPluggableAllocator(path,
+// "npl_npu_alloc", "npl_npu_free")): they learn the stream, then forward to
+// `alloc`/`free` (the torch bridge's, which raise torch's out-of-memory
+// error, or the shim's).  An exception from the forwarded allocation (out of
+// memory) goes on to torch_npu as the torch bridge threw it.
+NPL_EXPORT void npl_npu_connect_allocation(void* alloc, void* free) {
+    forward_alloc = reinterpret_cast<void* (*)(size_t, int, void*)>(alloc);
+    forward_free = reinterpret_cast<void (*)(void*, size_t, int, void*)>(free);
+}
+
+NPL_EXPORT void* npl_npu_alloc(size_t size, int device, void* stream) {
+    guarded([&] { learn_allocation_stream(device, stream); });
+    return forward_alloc(size, device, stream);
+}
+
+NPL_EXPORT void npl_npu_free(void* ptr, size_t size, int device, void* stream) {
+    forward_free(ptr, size, device, stream);
+}
 
 // The shim's npl_stats_values (and how many values it writes), npl_reset_peak, and the layout above.
 NPL_EXPORT void npl_npu_connect_stats(void* values, size_t count, void* reset_peak, const int* layout, size_t n) {

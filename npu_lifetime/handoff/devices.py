@@ -43,18 +43,7 @@ class TorchHandoffDevice:
         self.late_read_delay = self.LATE_READ_DELAY[device_type]
 
     def Stream(self):  # noqa: N802  (the device modules' name)
-        """A new stream.  On npu the shim's NPU bridge meets it now (as
-        record_use and the record_stream hook make it meet theirs): for a
-        stream it has never met, the bridge cannot queue the shim's work
-        behind torch_npu's task queue and synchronises the whole device
-        instead, which in debug mode would put the poison of a block freed
-        under a late read after that read, hiding it."""
-        stream = self.module.Stream()
-        if self.name == "npu":
-            from ..shim import npu_queue
-
-            npu_queue.stream_handle(stream)
-        return stream
+        return self.module.Stream()
 
     def default_stream(self):
         return self.module.default_stream()

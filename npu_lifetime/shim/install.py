@@ -6,6 +6,7 @@ torch bridge for out-of-memory errors, and torch's memory functions routed
 to the shim's statistics (``torch_api.py``)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ def install(
     entries = {setter: symbol_address(entry) for setter, entry in setters.items()}
     if npu_bridge is not None:
         entries.update(npu_queue.statistics_hooks(npu_bridge))
-    allocator, wired = _pluggable_allocator(device, memory, bridge, entries)
+    allocator, wired = _pluggable_allocator(device, memory, _entry_points(bridge, npu_bridge), entries)
     try:
         memory.change_current_allocator(allocator)
     except RuntimeError as err:
@@ -195,14 +196,25 @@ def _bridge():
         return None
 
 
-def _pluggable_allocator(device: str, memory, bridge, entries: dict):
-    """The framework's pluggable allocator over the shim (through the bridge
-    when there is one), with every setter the allocator object offers wired."""
+def _entry_points(bridge, npu_bridge) -> tuple:
+    """(library, alloc, free) the framework calls: the shim, through the
+    torch bridge when there is one (torch's out-of-memory error), through the
+    NPU bridge first on npu (it learns each allocation's stream)."""
+    path, alloc, free = (str(bridge), "npl_bridge_alloc", "npl_bridge_free") if bridge is not None else (
+        str(library_path()), "npl_alloc", "npl_free")
+    if npu_bridge is None:
+        return path, alloc, free
+    forward = ctypes.CDLL(path)
+    npu_bridge.npl_npu_connect_allocation(ctypes.cast(getattr(forward, alloc), ctypes.c_void_p),
+                                          ctypes.cast(getattr(forward, free), ctypes.c_void_p))
+    return npu_bridge._name, "npl_npu_alloc", "npl_npu_free"
+
+
+def _pluggable_allocator(device: str, memory, entry_points: tuple, entries: dict):
+    """The framework's pluggable allocator over ``entry_points``, with every
+    setter the allocator object offers wired."""
     allocator_class = memory.CUDAPluggableAllocator if device == "cuda" else memory.NPUPluggableAllocator
-    if bridge is not None:
-        allocator = allocator_class(str(bridge), "npl_bridge_alloc", "npl_bridge_free")
-    else:
-        allocator = allocator_class(str(library_path()), "npl_alloc", "npl_free")
+    allocator = allocator_class(*entry_points)
     raw = allocator.allocator()
     wired = []
     only = os.environ.get("NPU_LIFETIME_HOOKS")  # diagnostics: "none", or setters separated by commas

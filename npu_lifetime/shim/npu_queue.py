@@ -82,6 +82,7 @@ def load(path) -> ctypes.CDLL:
     lib.npl_npu_last_error.restype = ctypes.c_char_p
     lib.npl_npu_device_stats_fn.restype = ctypes.c_void_p
     lib.npl_npu_reset_peak_status_fn.restype = ctypes.c_void_p
+    lib.npl_npu_connect_allocation.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.npl_npu_connect_stats.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                           ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
     names = stat_names()
