@@ -133,7 +133,8 @@ def fallback_fake(calls: int, rounds: int) -> dict:
         device_index = staticmethod(lambda stream: stream.device_index)
         is_capturing = staticmethod(lambda: False)
         record_event = staticmethod(lambda event, stream: None)
-        segments = staticmethod(lambda: [])
+        # one segment holding every address, allocated on stream 1 (the uses are on stream 2)
+        segments = staticmethod(lambda: [{"address": 0, "total_size": 1 << 62, "device": 0, "stream": 1}])
         segment_version = staticmethod(lambda device: (0, 0))
 
     fallback = NativeFallback(FakeAPI(), gate=CaptureGate())

@@ -55,7 +55,7 @@ Invariants:
 from __future__ import annotations
 
 import atexit
-import bisect
+from bisect import bisect_right as _bisect_right
 import contextlib
 import functools
 import operator
@@ -462,9 +462,12 @@ class SegmentTable:
         from the cached table costs a bisect (recording when it is stale is
         only slower); a "yes" or a miss is checked against the allocator's
         segment counters first, and the table rebuilt if they moved."""
-        try:
-            if self._find(ptr, device) not in (None, stream):
+        i = _bisect_right(self._starts, ptr) - 1  # _find, inline: a storage's first call per stream pays it
+        if i >= 0:
+            _, end, seg_device, owner = self._segments[i]
+            if ptr < end and seg_device == device and owner != stream:
                 return False
+        try:
             version = self.api.segment_version(device)
             if version != self._version:
                 self._rebuild(version)
@@ -473,7 +476,7 @@ class SegmentTable:
             return False
 
     def _find(self, ptr: int, device: int) -> Optional[int]:
-        i = bisect.bisect_right(self._starts, ptr) - 1
+        i = _bisect_right(self._starts, ptr) - 1
         if i < 0:
             return None
         address, end, seg_device, stream = self._segments[i]
