@@ -11,7 +11,8 @@ from typing import Optional
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_SCRIPT_FAILED = 0, 1, 2, 3
 EXIT_CODES = """exit codes (every command):
   0  done: no findings, every verdict as expected
-  1  a finding (check), a disagreement (fuzz), a hand-off row not behaving as its kind must (handoff)
+  1  a finding (check, snapshot --sanitize), a disagreement (fuzz), a hand-off row not behaving as its kind
+     must (handoff)
   2  bad input: an unknown option or value, a missing or unwritable file, a device this machine lacks
      (nothing was run)
   3  the script (check, snapshot) or the benchmark (bench) failed: it raised or exited non-zero;
@@ -68,13 +69,14 @@ def _check(args: argparse.Namespace) -> int:
     return _report_check(result, args.json)
 
 
-def _report_check(result, json_path: Optional[str], command: str = "check") -> int:
-    """What check prints (the report; how the script ended) and writes
-    (--json) for a CheckResult, and its exit code.  Also run when the
-    script calls os._exit (the process then ends with this code)."""
+def _report_check(result, json_path: Optional[str], command: str = "check", out=None) -> int:
+    """What check prints (the report, to ``out``; how the script ended) and
+    writes (--json) for a CheckResult, and its exit code.  Also run when the
+    script calls os._exit (the process then ends with this code), and by
+    snapshot --sanitize."""
     from .sanitizer.runner import write_json
 
-    print(result.report)
+    print(result.report, file=out or sys.stdout)
     write_json(result, json_path)
     if result.script_failed:
         print(f"npu-lifetime {command}: the script {result.ending}", file=sys.stderr)
@@ -118,11 +120,16 @@ def _snapshot(args: argparse.Namespace) -> int:
             print(f"npu-lifetime snapshot: cannot write the pictures ({err}); give --out PREFIX somewhere writable",
                   file=sys.stderr)
             return EXIT_USAGE
+    document = {"stats": rec.stats, "snapshot": rec.snapshot, "trace": rec.events,
+                "shim_findings": rec.shim_findings, "notes": rec.notes}
+    if outcome.check is not None:
+        document["sanitizer"] = {"findings": outcome.check.json, "failing": len(outcome.check.failing)}
     if args.json:
-        print(json.dumps({"stats": rec.stats, "snapshot": rec.snapshot, "trace": rec.events,
-                          "shim_findings": rec.shim_findings, "notes": rec.notes}, indent=2))
+        print(json.dumps(document, indent=2))
     else:
         _print_snapshot(rec, outcome)
+    if outcome.check is not None:  # --sanitize: the sanitizer's summary, and check's exit code
+        return _report_check(outcome.check, None, "snapshot", out=sys.stderr if args.json else None)
     if outcome.script_failed:
         print(f"npu-lifetime snapshot: the script {outcome.script_ending}; what it did until then is shown "
               f"(exit {EXIT_SCRIPT_FAILED})", file=sys.stderr)
@@ -422,7 +429,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "npu", "sim"])
     p.add_argument("--policy", default="poll", choices=sorted(POLICIES))
     p.add_argument("--demo", action="store_true", help="run a built-in hand-off on the simulated runtime instead")
-    p.add_argument("--sanitize", action="store_true", help="also run the lifetime sanitizer; its findings are drawn")
+    p.add_argument("--sanitize", action="store_true",
+                   help="also run the lifetime sanitizer as check does: its findings are drawn, its report is printed "
+                        "last (on stderr with --json, whose JSON gains them) and the exit code is check's")
     p.add_argument("--out", metavar="PREFIX", help="where to write PREFIX.pickle and PREFIX.html, or a directory "
                                                    "to write them into (default: beside the script, "
                                                    "SCRIPT.snapshot.*)")

@@ -1,5 +1,6 @@
 """``npu-lifetime snapshot`` on the simulated runtime: the demo, scripts,
 bad input, and (where the shim has its allocator trace) the recorded trace."""
+import json
 import pickle
 import textwrap
 
@@ -83,10 +84,38 @@ def test_a_script_on_the_simulated_device_says_why_it_shows_no_block(tmp_path, c
 
 def test_sanitizer_findings_reach_the_timeline(tmp_path, capsys, sim_shim):
     path = script(tmp_path, CPU_HANDOFF)
-    assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 0
+    assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 1  # a latent uncovered free fails, as in check
     capsys.readouterr()
     html = (tmp_path / "prog.snapshot.html").read_text()
     assert "<tr><td>sanitizer</td>" in html and "[uncovered free" in html
+
+
+def test_sanitize_prints_the_sanitizers_summary_and_exits_as_check_does(tmp_path, capsys, sim_shim):
+    from test_check_cli_and_plugin import REUSED  # an actual reuse race on the simulated device
+
+    path = script(tmp_path, REUSED)
+    assert main(["check", "--device", "sim", path]) == 1
+    check_out = capsys.readouterr().out
+    assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 1  # it exited 0
+    captured = capsys.readouterr()
+    report = check_out[check_out.index("npu_lifetime: "):]
+    assert report.splitlines()[0] in captured.out  # "npu_lifetime: 2 finding(s): 2 fail the check" (it printed none)
+    assert "[reuse race]" in captured.out and "[uncovered free, ACTUAL" in captured.out
+    assert (tmp_path / "prog.snapshot.html").exists()  # the pictures are still written
+    # --json: the findings join the JSON on stdout; the summary goes to stderr
+    assert main(["snapshot", "--device", "sim", "--sanitize", "--json", "--no-files", path]) == 1
+    captured = capsys.readouterr()
+    document = json.loads(captured.out[captured.out.index("{"):])
+    assert {f["kind"] for f in document["sanitizer"]["findings"]} >= {"reuse_race", "uncovered_free"}
+    assert document["sanitizer"]["failing"] == 2 and "[reuse race]" in captured.err
+
+
+def test_sanitize_with_a_failing_script_exits_3_as_check_does(tmp_path, capsys, sim_shim):
+    path = script(tmp_path, "raise ValueError('boom')")
+    assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 3
+    captured = capsys.readouterr()
+    assert "npu_lifetime: no findings" in captured.out
+    assert "npu-lifetime snapshot: the script raised ValueError: boom" in captured.err
 
 
 def test_a_failing_script_exits_3_and_still_writes(tmp_path, capsys, sim_shim):

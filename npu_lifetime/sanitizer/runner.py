@@ -41,6 +41,7 @@ class CheckResult:
     json: list
     script_failed: bool
     ending: str = ""  # how the script ended when it failed ("raised ...", "exited with status 3")
+    sanitizer: object = None  # the (disabled) LifetimeSanitizer, for one finding's report (snapshot's timeline)
 
     @property
     def exit_code(self) -> int:
@@ -117,7 +118,7 @@ def check_script(
         if not live:
             findings = [f for f in findings if not getattr(f, "live", False)]
         return CheckResult(findings, sanitizer.failing(findings), sanitizer.report(findings),
-                           sanitizer.to_json(findings), ending.failed, ending.how)
+                           sanitizer.to_json(findings), ending.failed, ending.how, sanitizer)
 
     ending = None
     try:

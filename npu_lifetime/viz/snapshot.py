@@ -29,6 +29,7 @@ class Outcome:
     pickle_path: Optional[str] = None
     html_path: Optional[str] = None
     script_ending: str = ""  # how a failed script ended ("raised ValueError: boom", "exited with status 3")
+    check: object = None  # with --sanitize: the run's CheckResult (sanitizer/runner.py), reported as check does
 
 
 def run_demo(capacity: int) -> Outcome:
@@ -52,19 +53,28 @@ def run_script(script: str, args: list, device: str, policy: str, sanitize: bool
     except user_script.ScriptPathError as err:
         raise SnapshotError(str(err)) from None
     _prepare_device(device, policy)
-    sanitizer = None
-    if sanitize:
-        from ..sanitizer import LifetimeSanitizer
-
-        sanitizer = LifetimeSanitizer(device, on_race="collect", warn_on_free=False)
     recorder = Recorder(capacity).start()
-    ending = _run_path(script, args, sanitizer)
+    check = None
+    try:
+        if sanitize:  # the script runs as check runs it: the same sanitizer settings, verdicts and exit code
+            from ..sanitizer.runner import CheckError, check_script
+
+            try:
+                check = check_script(script, args, device=device)
+            except CheckError as err:
+                raise SnapshotError(str(err)) from None
+            ending = user_script.Ending(check.script_failed, check.ending)
+        else:
+            ending = _run_path(script, args)
+    except BaseException:
+        recorder.stop("a run that did not start")
+        raise
     recording = recorder.stop(f"{script} on {device}")
-    if sanitizer is not None:
-        recording.sanitizer_findings = _sanitizer_findings(sanitizer)
+    if check is not None:
+        recording.sanitizer_findings = _sanitizer_findings(check)
     if device == "sim" and recording.block_count == 0:
         recording.notes.append(SIM_SCRIPT_NOTE)
-    return Outcome(recording, ending.failed, script_ending=ending.how)
+    return Outcome(recording, ending.failed, script_ending=ending.how, check=check)
 
 
 def _prepare_device(device: str, policy: str) -> None:
@@ -82,22 +92,20 @@ def _prepare_device(device: str, policy: str) -> None:
         raise SnapshotError(f"--device {device}: {err}") from err
 
 
-def _run_path(script: str, args: list, sanitizer) -> user_script.Ending:
+def _run_path(script: str, args: list) -> user_script.Ending:
     """Runs the script as __main__ (a failure's traceback is printed; what
     it recorded is still drawn)."""
-    if sanitizer is not None:
-        sanitizer.enable()
     try:
         return user_script.run(script, args)
     finally:
         gc.collect()
-        if sanitizer is not None:
-            sanitizer.disable()
 
 
-def _sanitizer_findings(sanitizer) -> list:
+def _sanitizer_findings(check) -> list:
+    """The timeline's rows: each finding of the check with its report."""
     out = []
-    for f in sanitizer.flush():
+    sanitizer = check.sanitizer
+    for f in check.findings:
         stream = getattr(f, "usage_stream", None) or getattr(getattr(f, "access", None), "stream", None)
         device, handle = stream if isinstance(stream, tuple) else (0, None)
         out.append(timeline.SanitizerFinding(sanitizer.report([f]), getattr(f, "address", None), device, handle))
