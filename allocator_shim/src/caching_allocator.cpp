@@ -49,28 +49,46 @@
 // Events.  Recorded by record_use (at the call), at the free for recorded
 // streams, and by note_use (the sanitizer's witness of an unrecorded use).
 // Created on the device of the stream they are recorded on, pooled per
-// device.  Queried only when no graph capture is underway (torch forbids
-// event queries during capture): pending blocks are polled at allocation,
-// at free of a block with uses, on npl_process_events and on the
-// out-of-memory path, never during a capture.  An event recorded during a
-// capture would be captured into the graph, so none is: record_use on a
-// capturing stream falls back to record_stream (an event at the free), and a
-// free during a capture defers its events until no capture is underway.
+// device.  A runtime failure never makes a block reusable early: a free
+// whose event can't be recorded waits for the stream on the host, else stays
+// deferred and is retried; record_use without an event falls back to
+// record_stream.  A pending block waits in the FIFO of each stream it holds
+// a gating event of (event_fifos_, kept in record order); polling pops each
+// FIFO's head while it has fired and stops at the first that has not, and a
+// block leaves when its last gate fired.  Queried only when no graph capture
+// is underway (torch forbids event queries during capture): pending blocks
+// are polled at allocation, at free of a block with uses, on
+// npl_process_events and on the out-of-memory path, never during a capture.
+// An event recorded during a capture would be captured into the graph, so
+// none is: record_use on a capturing stream falls back to record_stream (an
+// event at the free), and a free during a capture that must record an event
+// or ask whether a noted use finished is deferred until no capture is
+// underway.  empty_cache first waits (host) for every freed block's events.
 //
 // Graph captures (graph_pools.h).  Between begin_allocate_to_pool and
 // end_allocate_to_pool, allocations from the streams the capture claims go
 // to its private pool; private blocks return to that pool whenever freed and
 // are never handed to eager allocations; eager cached blocks are never
-// handed into a capture.  A private pool's free segments go back to the
-// runtime once the pool has no references (release_pool).
+// handed into a capture (a claim included: it must match the allocation's
+// device, stream and, in a capture, pool).  Opening a pool drops the fired
+// events of its cached blocks (the capture could not take them).  A private
+// pool's free segments, and only its own, go back to the runtime once the
+// pool has no references (release_pool, then as its blocks are freed).
 //
 // Out of memory (oom.cpp).  Before failing: process events and search the
 // pool again, drop fired events from cached blocks, release free segments
 // and retry; then wait on every pending event (host), search again, release
-// and retry; in debug mode, empty the quarantine.  Never during a capture
-// beyond releasing free segments.  The memory fraction limits reserved bytes
-// per device.  A failure returns NULL with an out_of_memory finding and
-// sets the thread's last_oom_message() (the torch bridge raises it).
+// and retry; in debug mode, empty the quarantine.  During a real capture on
+// the device (the runtime says a stream it uses captures) nothing beyond
+// asking the runtime again; an open pool without a capture (MemPool,
+// warm-up) or a capture on another device does not freeze it.  The memory
+// fraction limits reserved bytes per device.  A failure returns NULL with an
+// out_of_memory finding and sets the thread's last_oom_message() (the torch
+// bridge raises it); every other NULL sets its own reason there.
+//
+// These invariants are checked by invariants.cpp (npl_check_invariants),
+// after every step of the stress and property tests, and after every entry
+// point in a build with -DNPL_CHECK_INVARIANTS.
 //
 // Locking.  One mutex, mu_, guards every block, segment, pool, event,
 // statistic, the address book, graph pools, quarantine and trace.  Runtime
