@@ -106,3 +106,40 @@ def test_only_the_latest_events_are_drawn_when_asked():
     svg = ET.fromstring(re.search(r'<div class="picture">(<svg.*?</svg>)</div>', html, re.S).group(1))
     assert not titled(svg, "b1: 256 KiB")  # over before the window
     assert titled(svg, "b2: 256 KiB") and html.count("<tr><td>b") == 5
+
+
+def _with_idle_gap(at: int, gap_ns: int) -> list:
+    """The fixture's trace (one event per microsecond) with ``gap_ns``
+    between event ``at - 1`` and event ``at``."""
+    return [{**e, "t_ns": e["t_ns"] + (gap_ns - 1000 if i >= at else 0)} for i, e in enumerate(fx.trace())]
+
+
+def _svg(html):
+    return ET.fromstring(re.search(r'<div class="picture">(<svg.*?</svg>)</div>', html, re.S).group(1))
+
+
+def test_an_idle_gap_is_a_labelled_break_on_the_time_axis():
+    # the axis steps one event at a time: a jump from +3.0 us to +6859.0 us in one step was not marked at all
+    html = timeline.render(lives.build(_with_idle_gap(4, 6_856_000), fx.findings()), timeline.Page())
+    svg = _svg(html)
+    (gap,) = titled(svg, "idle gap")
+    assert gap.findtext(f"{SVG}title") == ("idle gap: no trace event for 6856.0 us, from +3.0 us (#3) to +6859.0 us "
+                                           "(#4); the axis steps by event, not by time")
+    assert [t.text for t in gap.iter(f"{SVG}text")] == ["idle 6.856 ms"]
+    breaks = [float(line.get("x1")) for line in gap.iter(f"{SVG}line")]
+    assert breaks and all(x_of(svg, 3) < x < x_of(svg, 4) for x in breaks)  # between the two events
+    assert float(gap.find(f"{SVG}line").get("y2")) > float(svg.get("height")) - 20  # across every lane
+    assert "idle gap in host time" in html  # the axis and the legend say what the break is
+
+
+def test_even_steps_have_no_break():
+    svg = _svg(timeline.render(lives.build(fx.trace(), fx.findings()), timeline.Page()))
+    assert not titled(svg, "idle gap")
+
+
+def test_only_gaps_far_beyond_the_usual_step_break_the_axis():
+    built = lives.build(_with_idle_gap(4, 10_000), fx.findings())  # 10 us where a step is 1 us: not idle
+    assert not titled(_svg(timeline.render(built, timeline.Page())), "idle gap")
+    built = lives.build(_with_idle_gap(4, 150_000), fx.findings())  # 150x the usual step, and over 100 us
+    (gap,) = titled(_svg(timeline.render(built, timeline.Page())), "idle gap")
+    assert [t.text for t in gap.iter(f"{SVG}text")] == ["idle 150.0 us"]

@@ -6,11 +6,15 @@ it became reusable; record_use / record_stream / noted uses drawn in the lane
 of the stream they name and tied to the block; findings in red.
 
 The horizontal axis is the order of the trace (one step per event, so short
-and long gaps read alike); every shape's tooltip gives host time.
+and long gaps read alike); every shape's tooltip gives host time.  Where the
+host time jumps between two events (an idle gap: at least GAP_FACTOR times
+the usual step and GAP_MIN_NS) the axis is broken there, across every lane,
+and the break is labelled with the idle time.
 """
 from __future__ import annotations
 
 import html
+import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -21,6 +25,10 @@ LABEL_W = 170  # the lane names
 ROW_H = 20  # one bar row
 MARK_ROW_H = 18  # each lane's row of marks made on it for blocks of other lanes
 AXIS_H = 34
+GAP_ROW_H = 12  # the row of idle-gap labels under the axis, when there are gaps
+GAP_FACTOR = 20  # an idle gap: a step at least this many times the median step ...
+GAP_MIN_NS = 100_000  # ... and at least this long
+MAX_GAPS = 24  # the longest ones are marked
 PALETTE = ("#9ecae1", "#a1d99b", "#fdd0a2", "#bcbddc", "#c7e9c0", "#fdae6b", "#d9d9d9", "#9edae5", "#f7b6d2")
 SYMBOLS = {  # mark kind: (shape, colour, legend text)
     "record_use": ("circle", "#1f77b4", "record_use: the free waits for what the stream had queued at this call"),
@@ -107,7 +115,9 @@ class _Canvas:
         self.width = LABEL_W + steps * self.step_w + 20
         self.lanes = lives.streams()
         self.rows = self._pack_rows()
-        self.lane_y, y = {}, AXIS_H
+        self.gaps = self._idle_gaps()
+        self.axis_h = AXIS_H + (GAP_ROW_H if self.gaps else 0)
+        self.lane_y, y = {}, self.axis_h
         for lane in self.lanes:
             self.lane_y[lane] = y
             y += MARK_ROW_H + max(1, self.rows_in_lane(lane)) * ROW_H + 10
@@ -159,11 +169,22 @@ class _Canvas:
         t = self.lives.t_ns(index)
         return "?" if t is None else f"+{(t - self.t0) / 1000:.1f} us"
 
+    def _idle_gaps(self) -> list:
+        """(index, idle ns): the steps from event index-1 to event index that
+        took far longer than the usual step, the longest MAX_GAPS, in order."""
+        t = [self.lives.t_ns(i) for i in range(self.start, self.lives.end)]
+        steps = [(self.start + k + 1, b - a) for k, (a, b) in enumerate(zip(t, t[1:]))
+                 if a is not None and b is not None]
+        usual = statistics.median([d for _, d in steps if d > 0] or [0])
+        gaps = [(i, d) for i, d in steps if d >= max(GAP_FACTOR * usual, GAP_MIN_NS)]
+        return sorted(sorted(gaps, key=lambda g: -g[1])[:MAX_GAPS])
+
     # drawing
     def draw(self, placed: list) -> str:
         self._axis()
         for lane in self.lanes:
             self._lane(lane)
+        self._gap_breaks()
         colours = {life.name: PALETTE[i % len(PALETTE)] for i, life in enumerate(self.lives.blocks)}
         for life in self.lives.blocks:
             if self._last(life) >= self.start:
@@ -185,11 +206,33 @@ class _Canvas:
         steps = self.lives.end - self.start
         every = max(1, round(steps / 12)) if steps else 1
         self.out.append('<text x="4" y="14" class="axis">trace order &#8594;</text>')
+        if self.gaps:
+            self.out.append(f'<text x="4" y="{AXIS_H + 6}" class="axis"><tspan class="gaplabel">//</tspan> an idle '
+                            'gap in host time</text>')
         for i in range(self.start, self.lives.end, every):
             x = self.x(i)
-            self.out.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{self.height - 6}" class="grid"/>')
+            self.out.append(f'<line x1="{x:.1f}" y1="{self.axis_h - 6}" x2="{x:.1f}" y2="{self.height - 6}" '
+                            'class="grid"/>')
             self.out.append(f'<text x="{x:.1f}" y="14" text-anchor="middle" class="axis">#{i}</text>')
             self.out.append(f'<text x="{x:.1f}" y="26" text-anchor="middle" class="axis">{self.when(i)}</text>')
+
+    def _gap_breaks(self) -> None:
+        """Each idle gap: a cut across every lane between its two events,
+        edged by dashed lines, and the idle time under the axis."""
+        last_label = -1e9
+        for index, idle in self.gaps:
+            xm = (self.x(index - 1) + self.x(index)) / 2
+            tip = (f"idle gap: no trace event for {idle / 1000:.1f} us, from {self.when(index - 1)} (#{index - 1}) "
+                   f"to {self.when(index)} (#{index}); the axis steps by event, not by time")
+            top, bottom = AXIS_H - 4, self.height - 6
+            parts = [f'<rect x="{xm - 2:.1f}" y="{top}" width="4" height="{bottom - top:.0f}" class="gapcut"/>']
+            parts += [f'<line x1="{xm + dx:.1f}" y1="{top}" x2="{xm + dx:.1f}" y2="{bottom:.0f}" class="gap"/>'
+                      for dx in (-2, 2)]
+            if xm - last_label > 70:  # labels side by side would overlap: the tooltip still says it
+                parts.append(f'<text x="{xm:.1f}" y="{AXIS_H + 6}" text-anchor="middle" class="gaplabel">'
+                             f'idle {_duration(idle)}</text>')
+                last_label = xm
+            self.labels.append(f'<g><title>{_e(tip)}</title>{"".join(parts)}</g>')
 
     def _lane(self, lane: tuple) -> None:
         device, stream = lane
@@ -271,6 +314,14 @@ class _Canvas:
         self.out.append(f"<g><title>{_e(tip)}</title>{_shape(shape, x, y, colour)}</g>")
 
 
+def _duration(ns: int) -> str:
+    if ns < 1_000_000:
+        return f"{ns / 1000:.1f} us"
+    if ns < 1_000_000_000:
+        return f"{ns / 1e6:.4g} ms"
+    return f"{ns / 1e9:.4g} s"
+
+
 def _shape(shape: str, x: float, y: float, colour: str) -> str:
     if shape == "circle":
         return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour}"/>'
@@ -303,6 +354,9 @@ def _legend() -> str:
     items += [(swatch.format(_shape(shape, 13, 8, colour)), text) for shape, colour, text in SYMBOLS.values()]
     items.append((swatch.format('<rect x="8" y="3" width="10" height="10" transform="rotate(45 13 8)" '
                                 'class="sanitizer"/>'), "a lifetime-sanitizer finding, at the block's free"))
+    items.append((swatch.format('<line x1="11.5" y1="0" x2="11.5" y2="16" class="gap"/><line x1="14.5" y1="0" '
+                                'x2="14.5" y2="16" class="gap"/>'),
+                  "an idle gap in host time between two events (the axis steps by event): the label gives its length"))
     body = "".join(f"<li>{sw} {_e(text)}</li>" for sw, text in items)
     return f'<ul class="legend">{body}</ul>'
 
@@ -363,7 +417,9 @@ _DEFS = (
     ".life{stroke:#555;stroke-width:0.8}.held{fill:url(#hatch);stroke:#e6550d;stroke-width:0.8}"
     ".free{stroke:#222;stroke-width:2.5}.label{font-size:10px;fill:#111;stroke:white;stroke-width:3px;paint-order:stroke;pointer-events:none}.cut{font-size:12px;fill:#111}"
     ".reusable{fill:#2ca02c;stroke:#2ca02c;stroke-width:1.5}.tie{stroke:#555;stroke-dasharray:3 2}"
-    ".tiedot{fill:#333}.sanitizer{fill:white;stroke:#d62728;stroke-width:2.5}</style>"
+    ".tiedot{fill:#333}.sanitizer{fill:white;stroke:#d62728;stroke-width:2.5}"
+    ".gap{stroke:#8c6d31;stroke-width:1.2;stroke-dasharray:5 3}.gapcut{fill:white}"
+    ".gaplabel{fill:#8c6d31;font-size:10px;font-weight:bold;stroke:white;stroke-width:3px;paint-order:stroke}</style>"
 )
 
 _PAGE = """<!DOCTYPE html>
