@@ -170,13 +170,14 @@ def fallback_out_of_memory_observer() -> dict:
     """With the reaper stopped, a storage whose event fired is released by
     the allocator's out-of-memory observer; the next allocation succeeds."""
     fallback = FALLBACK.for_device("cuda")
+    fallback.background = False  # no reaper: only the observer may release
+    fallback.stop_background()
     torch.cuda.set_per_process_memory_fraction(0.5)
     total = torch.cuda.get_device_properties(0).total_memory
     n = int(total * 0.3) // 4
     side = torch.cuda.Stream()
     x = torch.empty(n, device="cuda")
     npu_lifetime.record_use(x, side)  # side is idle: fires at once
-    fallback.stop_background()
     del x
     torch.cuda.synchronize()
     held_before = fallback.held()
