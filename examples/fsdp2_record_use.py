@@ -16,6 +16,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -249,6 +250,7 @@ def phase_timing(device, mesh) -> dict:
         out[mode] = {"losses": rs[0]["losses"],
                      "losses_same_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
                      "step_ms_median": steps[len(steps) // 2] * 1e3 if steps else None,
+                     "round_step_ms": [statistics.median(run["step_s"][2:]) * 1e3 for run in rs if run["step_s"][2:]],
                      "peak_active_bytes": max((r.get("peak_active_bytes", 0) for r in rs), default=0),
                      "peak_reserved_bytes": max((r.get("peak_reserved_bytes", 0) for r in rs), default=0),
                      "handoffs_per_run": rs[0]["handoffs"], "record_use_calls_per_run": rs[0]["record_use_calls"]}
