@@ -151,8 +151,10 @@ def fallback_released_without_another_call() -> dict:
     side = torch.cuda.Stream()
     x = torch.ones(1 << 20, device="cuda")
     side.wait_stream(torch.cuda.current_stream())
+    x.sum()  # loads the reduction's module now: a first launch waits for the device (it hid the sleep below)
+    torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(10 * SLEEP)  # ~1 s: the first record_use call (imports, the allocator's snapshot) is slow
+        torch.cuda._sleep(SLEEP)
         x.sum()
     for _ in range(100):
         npu_lifetime.record_use(x, side)  # one live event per (storage, stream)
