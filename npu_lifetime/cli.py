@@ -455,7 +455,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="layers of the schedule (at least 2: a broken hand-off's stash is released by the next "
                         "layer's all-gather; with one layer only after the device is synchronised, when it is safe)")
     p.add_argument("--width", type=_at_least_one, default=64)
-    p.add_argument("--steps", type=_at_least_one, default=1)
+    p.add_argument("--steps", type=_at_least_one, default=5, help="steps per run; step ms is their median (default 5)")
     p.add_argument("--fsdp2", default="auto", choices=["auto", "yes", "no"],
                    help="also run torch's FSDP2 shipped vs migrated (auto: when 2 CUDA GPUs are present)")
     p.set_defaults(run=_handoff)

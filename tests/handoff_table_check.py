@@ -2,7 +2,7 @@
 the command on a real device: tests/test_npu_handoff.py, test_gpu_handoff.py)."""
 import re
 
-CORRECT = ("record_stream", "recipe", "record_use", "broken: consumer event recorded too late")
+CORRECT = ("record_stream", "recipe", "record_use", "inefficient: consumer event recorded late")
 BROKEN = ("broken: drop outside the owner stream context", "broken: stash dropped too early",
           "broken: record_use before the last read")
 ROW = re.compile(r"^(?P<handoff>\S.*?)\s{2,}(?P<policy>poll|stream_wait|lazy_wait)\s+(?P<findings>.+?)\s+\d+\s+[\d.]+"

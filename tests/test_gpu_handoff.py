@@ -29,7 +29,7 @@ def test_broken_handoffs_are_reported_on_the_gpu(runs):
     for name in ["broken: drop outside the owner stream context", "broken: stash dropped too early",
                  "broken: record_use before the last read"]:
         assert runs[(name, "poll")]["findings"] == ["uncovered_free"], name
-    assert runs[("broken: consumer event recorded too late", "poll")]["findings"] == []
+    assert runs[("inefficient: consumer event recorded late", "poll")]["findings"] == []
 
 
 def test_handoff_command_on_cuda_shows_the_broken_rows_corrupting_and_the_correct_rows_intact():

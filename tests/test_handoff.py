@@ -2,6 +2,8 @@
 its record_use migration are equally safe, give identical outputs, and
 record_use uses no more memory; the recipe's classic mistakes are caught.
 The same harness runs on real CUDA streams in test_gpu_handoff.py."""
+import re
+
 import pytest
 import torch
 
@@ -141,6 +143,41 @@ def test_handoff_command_explains_every_column_and_row(sim_shim, capsys):
     assert out.count("uncovered_free") == 3 and out.count("corrupts poison  ok: caught") == 3
     assert "no finding, by design" in out  # the too-late event row says why it is clean
     assert "as expected" in out and "UNEXPECTED" not in out
+
+
+def test_handoff_table_columns_line_up_whatever_their_content(sim_shim, capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["handoff", "--layers", "2", "--width", "16", "--fsdp2", "no"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("hand-off ") and "verdict" in line)
+    table = lines[head:head + 1 + sum(1 for line in lines[head + 1:] if "  ok: " in line or "UNEXPECTED" in line)]
+    assert any("reuse_race, uncovered_free" in line for line in table)  # the widest findings cell
+    for column in ("policy", "findings"):  # left-aligned: every cell starts where its header does
+        start = table[0].index(column)
+        assert all(line[start - 1] == " " and line[start] != " " for line in table), column
+    for column in ("peak KiB", "step ms", "outputs", "debug"):  # right-aligned: every cell ends where its header does
+        end = table[0].index(column) + len(column)
+        assert all(line[end - 1] != " " and line[end] == " " for line in table), column
+
+
+def test_handoff_table_gives_the_median_step_of_several_with_its_range(sim_shim, capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["handoff", "--layers", "2", "--width", "16", "--fsdp2", "no"]) == 0  # default --steps
+    out = capsys.readouterr().out
+    assert "median host time per step over the run's steps (--steps, default 5)" in out
+    row = next(line for line in out.splitlines() if line.startswith("recipe "))
+    median, fastest, slowest = map(float, re.search(r"(\d+\.\d+) \((\d+\.\d+)-(\d+\.\d+)\)", row).groups())
+    assert fastest <= median <= slowest
+
+
+def test_the_late_event_row_is_named_for_what_it_is(sim_shim, capsys):
+    from npu_lifetime.cli import main
+
+    assert main(["handoff", "--layers", "2", "--width", "16", "--fsdp2", "no"]) == 0
+    out = capsys.readouterr().out
+    assert "inefficient: consumer event recorded late" in out and "broken: consumer event" not in out
 
 
 def test_handoff_command_fails_loudly_when_a_row_misbehaves(sim_shim, capsys, monkeypatch):

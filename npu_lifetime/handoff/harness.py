@@ -33,6 +33,11 @@ class HarnessResult:
         return statistics.median(self.step_seconds) * 1e3 if self.step_seconds else None
 
     @property
+    def step_range_ms(self) -> Optional[tuple]:
+        """(fastest, slowest) step, ms: the spread around the median."""
+        return (min(self.step_seconds) * 1e3, max(self.step_seconds) * 1e3) if self.step_seconds else None
+
+    @property
     def finding_kinds(self) -> list:
         return sorted({f.kind for f in self.findings})
 

@@ -137,7 +137,7 @@ class BrokenEventTooLate(RecipeHandoff):
     work: still safe, but the owner waits for more than it needs
     (over-reserving)."""
 
-    name = "broken: consumer event recorded too late"
+    name = "inefficient: consumer event recorded late"
 
     def after_last_use(self, buf, consumer) -> None:
         pass

@@ -28,7 +28,8 @@ COLUMNS = (
     "policy: the shim's reuse policy for blocks whose events are pending",
     "findings: what the lifetime sanitizer reported for the run (- for none)",
     "peak KiB: the shim's peak active memory (live + freed but waiting on events)",
-    "step ms: median host time per step, device synchronised (on the simulated device: host work only)",
+    "step ms: median host time per step over the run's steps (--steps, default 5), device synchronised, and "
+    "their range (fastest-slowest) (on the simulated device: host work only)",
     "outputs: the run's outputs compared with the recipe's (same / DIFFER)",
     "late read: the same hooks replayed on the simulated executor with the consumer delayed "
     "(corrupts = the last read sees the next owner's data)",
@@ -61,6 +62,7 @@ class Row:
     findings: list
     peak_bytes: int
     step_ms: Optional[float]
+    step_range_ms: Optional[tuple]
     same_outputs: bool
     corrupts: bool
     debug_read: str  # what the late read saw in debug mode: poison.py on sim, the device's own run on a device
@@ -158,22 +160,42 @@ def handoff_table(device, layers: int = 6, width: int = 64, steps: int = 1, late
         for policy, r in runs:
             same = _same(r.outputs, reference)
             ok, note = _judge(kind, r.finding_kinds, same, corrupts, debug_read)
-            rows.append(Row(kind, r.handoff, policy, r.finding_kinds, r.peak_active_bytes, r.step_median_ms, same,
-                            corrupts, debug_read, ok, note))
+            rows.append(Row(kind, r.handoff, policy, r.finding_kinds, r.peak_active_bytes, r.step_median_ms,
+                            r.step_range_ms, same, corrupts, debug_read, ok, note))
     return rows, all(row.ok for row in rows)
 
 
+def _step(r: Row) -> str:
+    if r.step_ms is None:
+        return "-"
+    fastest, slowest = r.step_range_ms
+    return f"{r.step_ms:.2f} ({fastest:.2f}-{slowest:.2f})"
+
+
+# (header, cell, right-aligned); the verdict, last, is not padded
+_CELLS = (
+    ("hand-off", lambda r: r.handoff, False),
+    ("policy", lambda r: r.policy, False),
+    ("findings", lambda r: ", ".join(r.findings) or "-", False),
+    ("peak KiB", lambda r: f"{r.peak_bytes / 1024:.0f}", True),
+    ("step ms", _step, True),
+    ("outputs", lambda r: "same" if r.same_outputs else "DIFFER", True),
+    ("late read", lambda r: "corrupts" if r.corrupts else "safe", True),
+    ("debug", lambda r: r.debug_read, True),
+)
+
+
 def format_table(rows: list) -> str:
-    head = (f"{'hand-off':<46} {'policy':<11} {'findings':<15} {'peak KiB':>8} {'step ms':>8} {'outputs':>7} "
-            f"{'late read':>9} {'debug':>6}  verdict")
-    lines = [head]
-    for r in rows:
-        step = f"{r.step_ms:8.2f}" if r.step_ms is not None else f"{'-':>8}"
-        lines.append(
-            f"{r.handoff:<46} {r.policy:<11} {', '.join(r.findings) or '-':<15} {r.peak_bytes / 1024:>8.0f} {step} "
-            f"{'same' if r.same_outputs else 'DIFFER':>7} {'corrupts' if r.corrupts else 'safe':>9} {r.debug_read:>6}  "
-            f"{'ok' if r.ok else 'UNEXPECTED'}: {r.note}"
-        )
+    """One line per row, each column as wide as its widest cell."""
+    cells = [[cell(r) for _, cell, _ in _CELLS] for r in rows]
+    widths = [max([len(head)] + [len(line[i]) for line in cells]) for i, (head, _, _) in enumerate(_CELLS)]
+
+    def line(values: list, verdict: str) -> str:
+        padded = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, _CELLS)]
+        return " ".join(padded) + "  " + verdict
+
+    lines = [line([head for head, _, _ in _CELLS], "verdict")]
+    lines += [line(values, f"{'ok' if r.ok else 'UNEXPECTED'}: {r.note}") for values, r in zip(cells, rows)]
     return "\n".join(lines)
 
 
