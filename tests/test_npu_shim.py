@@ -64,6 +64,7 @@ def test_record_use_under_the_shim_puts_one_use_event_on_the_block():
     assert r["y_ok"] and r["pending"] == 0 and r["findings"] == []
 
 
-def test_record_use_over_torch_npus_own_allocator():
+@requires_standin  # holds the side stream
+def test_record_use_over_torch_npus_own_allocator_holds_then_releases_without_another_call():
     r = run("record_use_fallback")
-    assert r["held"] == 1 and r["y_ok"]
+    assert r["held_while_paused"] == 1 and r["held_after"] == 0 and r["y_ok"]

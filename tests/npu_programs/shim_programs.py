@@ -172,21 +172,29 @@ def record_use_shim() -> dict:
 
 def record_use_fallback() -> dict:
     """record_use over torch_npu's own caching allocator (no shim): the
-    storage is held until the event fired, then released without another
-    record_use call."""
+    storage is held while the side stream's read is pending (the stand-in
+    holds that stream), and released once it ran, without another
+    record_use call (the fallback's reaper)."""
     from npu_lifetime import native_fallback
 
+    ctl = standin()
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
+    torch.npu.synchronize()
+    ctl.standin_pause_stream(side.npu_stream)
     with torch.npu.stream(side):
         y = x * 2
     npu_lifetime.record_use(x, side)
-    held = native_fallback.FALLBACK.held()
     del x
+    time.sleep(0.05)  # the reaper polls every few ms: the event cannot have fired
+    held_while_paused = native_fallback.FALLBACK.held()
+    ctl.standin_resume_stream(side.npu_stream)
     torch.npu.synchronize()
-    z = torch.empty(N, device="npu")  # the next allocation lets the fallback release what has fired
-    del z
-    return {"held": held, "held_after_sync": native_fallback.FALLBACK.held(), "y_ok": bool((y.cpu() == 2).all())}
+    deadline = time.monotonic() + 5
+    while native_fallback.FALLBACK.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"held_while_paused": held_while_paused, "held_after": native_fallback.FALLBACK.held(),
+            "y_ok": bool((y.cpu() == 2).all())}
 
 
 PROGRAMS = {f.__name__: f for f in (basics, ordering, memory_functions, out_of_memory, record_use_shim,
