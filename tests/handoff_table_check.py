@@ -5,7 +5,8 @@ import re
 CORRECT = ("record_stream", "recipe", "record_use", "inefficient: consumer event recorded late")
 BROKEN = ("broken: drop outside the owner stream context", "broken: stash dropped too early",
           "broken: record_use before the last read")
-ROW = re.compile(r"^(?P<handoff>\S.*?)\s{2,}(?P<policy>poll|stream_wait|lazy_wait)\s+(?P<findings>.+?)\s+\d+\s+[\d.]+"
+ROW = re.compile(r"^(?P<handoff>\S.*?)\s{2,}(?P<policy>poll|stream_wait|lazy_wait)\s+(?P<findings>.+?)\s+\d+\s+"
+                 r"(?:[\d.]+ \([\d.]+-[\d.]+\)|-)"  # step ms: median (fastest-slowest)
                  r"\s+(?P<outputs>same|DIFFER)\s+(?P<late>corrupts|safe)\s+(?P<debug>poison|data|other|-)\s+"
                  r"(?P<verdict>ok|UNEXPECTED):")
 

@@ -191,11 +191,11 @@ def format_table(rows: list) -> str:
     widths = [max([len(head)] + [len(line[i]) for line in cells]) for i, (head, _, _) in enumerate(_CELLS)]
 
     def line(values: list, verdict: str) -> str:
-        padded = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, _CELLS)]
-        return " ".join(padded) + "  " + verdict
+        padded = [v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, _CELLS, strict=True)]
+        return "  ".join(padded) + "  " + verdict
 
     lines = [line([head for head, _, _ in _CELLS], "verdict")]
-    lines += [line(values, f"{'ok' if r.ok else 'UNEXPECTED'}: {r.note}") for values, r in zip(cells, rows)]
+    lines += [line(values, f"{'ok' if r.ok else 'UNEXPECTED'}: {r.note}") for values, r in zip(cells, rows, strict=True)]
     return "\n".join(lines)
 
 
