@@ -51,21 +51,18 @@ class CudaDevice:
     default_stream = staticmethod(lambda: torch.cuda.default_stream())
     synchronize = staticmethod(torch.cuda.synchronize)
 
-    @staticmethod
-    def ones(n):
-        return torch.ones(n, device="cuda")
+    @classmethod
+    def ones(cls, n):
+        return torch.ones(n, device=cls.name)
 
-    @staticmethod
-    def empty(n):
-        return torch.empty(n, device="cuda")
+    @classmethod
+    def empty(cls, n):
+        return torch.empty(n, device=cls.name)
 
     # 5 MiB: larger than any block other tests leave cached, so the caching
     # allocator hands the freed block straight back (best fit, same stream)
     REUSE_SIZES = (5 << 18, 5 << 18)
-
-    @staticmethod
-    def reused_empty(n):
-        return torch.empty(n, device="cuda")
+    reused_empty = empty
 
     @staticmethod
     def let_go():
@@ -89,7 +86,7 @@ class NpuDevice(CudaDevice):
 
     @staticmethod
     def _npu():
-        import torch_npu  # noqa: F401
+        import torch_npu
 
         return torch_npu.npu
 
@@ -97,18 +94,6 @@ class NpuDevice(CudaDevice):
     stream = staticmethod(lambda s: NpuDevice._npu().stream(s))
     default_stream = staticmethod(lambda: NpuDevice._npu().default_stream())
     synchronize = staticmethod(lambda: NpuDevice._npu().synchronize())
-
-    @staticmethod
-    def ones(n):
-        return torch.ones(n, device="npu")
-
-    @staticmethod
-    def empty(n):
-        return torch.empty(n, device="npu")
-
-    @staticmethod
-    def reused_empty(n):
-        return torch.empty(n, device="npu")
 
 
 def _npu_available() -> bool:

@@ -13,26 +13,22 @@ import time
 import torch
 import torch_npu  # noqa: F401  (torch.npu)
 
+import standin_controls as standin
 import npu_lifetime
 from npu_lifetime import shim
 
 N = 1 << 18  # 1 MiB of float32
 
 
-def standin() -> ctypes.CDLL:
-    """The stand-in runtime's test controls (exported by its libascendcl)."""
-    lib = ctypes.CDLL("libascendcl.so", mode=ctypes.RTLD_GLOBAL)
-    for name in ("standin_pause_stream", "standin_resume_stream", "standin_tasks_pending"):
-        getattr(lib, name).argtypes = [ctypes.c_void_p]
-    lib.standin_tasks_pending.restype = ctypes.c_uint64
-    lib.standin_hold_launches.argtypes = [ctypes.c_int]
-    return lib
-
-
 def handle(stream) -> int:
     from npu_lifetime.shim import npu_queue
 
     return npu_queue.stream_handle(stream)
+
+
+def _processed_events_left_nothing_pending() -> bool:
+    shim.process_events()
+    return shim.stats()["pending.all.current"] == 0
 
 
 def block_of(ptr: int) -> dict:
@@ -79,30 +75,26 @@ def ordering(policy: str, events: str = "queued") -> dict:
 
         npu_queue.connect = connect_without_queue_ops
     npu_lifetime.install("npu", policy=policy)
-    ctl = standin()
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
     torch.npu.synchronize()
     ptr = x.data_ptr()
-    ctl.standin_hold_launches(1)
+    standin.hold_launches(True)
     with torch.npu.stream(side):
         y = x * 2  # queued on the host behind the held launch
     npu_lifetime.record_use(x, side)
     del x
-    deadline = time.monotonic() + 0.5  # time for an event that can fire to fire
-    while shim.stats()["pending.all.current"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-        shim.process_events()
+    standin.wait_for(_processed_events_left_nothing_pending, timeout=0.5)  # an event that can fire fires
     pending_after_free = shim.stats()["pending.all.current"]
-    ctl.standin_pause_stream(handle(side))
+    standin.pause(handle(side))  # the bridge's handle: Stream.npu_stream would drain the held queue
     waits = shim.stats()["stream_waits"]
     z = torch.full((N,), 5.0, device="npu")  # main stream: reuses x's block only if that is safe
     reused = z.data_ptr() == ptr
     waited = shim.stats()["stream_waits"] > waits  # the main stream waits on the side stream's event
-    ctl.standin_hold_launches(0)
+    standin.hold_launches(False)
     if not waited:
         torch.npu.current_stream().synchronize()  # z's fill has run; y's kernel has not (side paused)
-    ctl.standin_resume_stream(handle(side))
+    standin.resume(handle(side))
     torch.npu.synchronize()
     return {"pending_after_free": pending_after_free, "reused": reused, "waited": waited,
             "y_ok": bool((y.cpu() == 2).all()), "z_ok": bool((z.cpu() == 5).all()), "findings": shim.findings()}
@@ -177,22 +169,19 @@ def record_use_fallback() -> dict:
     record_use call (the fallback's reaper)."""
     from npu_lifetime import native_fallback
 
-    ctl = standin()
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
     torch.npu.synchronize()
-    ctl.standin_pause_stream(side.npu_stream)
+    standin.pause(side)
     with torch.npu.stream(side):
         y = x * 2
     npu_lifetime.record_use(x, side)
     del x
     time.sleep(0.05)  # the reaper polls every few ms: the event cannot have fired
     held_while_paused = native_fallback.FALLBACK.held()
-    ctl.standin_resume_stream(side.npu_stream)
+    standin.resume(side)
     torch.npu.synchronize()
-    deadline = time.monotonic() + 5
-    while native_fallback.FALLBACK.held() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    standin.wait_for(lambda: native_fallback.FALLBACK.held() == 0, timeout=5)
     return {"held_while_paused": held_while_paused, "held_after": native_fallback.FALLBACK.held(),
             "y_ok": bool((y.cpu() == 2).all())}
 

@@ -2,6 +2,7 @@
 from a program running the real torch_npu on it (tests/npu_standin)."""
 import ctypes
 import os
+import time
 
 _lib = None
 
@@ -71,3 +72,14 @@ def calls(name: str) -> int:
 
 def memory_in_use(device: int = 0) -> int:
     return library().standin_memory_in_use(device)
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    """Polls ``predicate`` until it is true (True) or ``timeout`` seconds
+    passed (False): work reaches the stand-in's streams on other threads."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

@@ -16,15 +16,6 @@ import standin_controls as standin
 DELAY_US = 20000
 
 
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def held_record() -> dict:
     """An event recorded behind held work is not complete until the work ran."""
     x = torch.zeros(16, device="npu")
@@ -37,7 +28,7 @@ def held_record() -> dict:
         with torch.npu.stream(side):
             x.add_(1)
             event.record()
-        reached = wait_for(lambda: standin.calls("aclrtRecordEvent") > records)
+        reached = standin.wait_for(lambda: standin.calls("aclrtRecordEvent") > records)
         time.sleep(0.05)
         held = {"query": event.query(), "side_pending": standin.pending(side)}
         waiter = torch.npu.Stream()

@@ -17,15 +17,6 @@ import standin_controls as standin
 N = 1024
 
 
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def scenario(wait: bool) -> dict:
     x = torch.zeros(N, device="npu")
     torch.npu.synchronize()
@@ -39,7 +30,7 @@ def scenario(wait: bool) -> dict:
             consumer.wait_stream(producer)
         with torch.npu.stream(consumer):
             y = x * 2
-        reached = wait_for(lambda: standin.calls("aclnnMuls") > launched)
+        reached = standin.wait_for(lambda: standin.calls("aclnnMuls") > launched)
         if not wait:
             consumer.synchronize()
         else:
