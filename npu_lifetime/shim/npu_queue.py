@@ -131,9 +131,10 @@ def stream_handle(stream) -> int:
     if _bridge is None:  # no shim installed: torch_npu's own route, which drains the queue
         import torch_npu
 
+        from .install import device_stream
+
         if not isinstance(stream, torch_npu.npu.Stream):
-            stream = torch_npu.npu.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
-                                          device_type=stream.device_type)
+            stream = device_stream("npu", stream)
         return int(stream.npu_stream)
     # torch.Stream's three fields: stream_id, device_index, device_type (an int, 20 = PrivateUse1)
     handle = _bridge.npl_npu_stream_handle(stream.stream_id, stream.device_index, int(stream.device_type))
