@@ -83,7 +83,7 @@ def cuda_native(calls: int, rounds: int) -> dict:
     import torch
 
     import npu_lifetime
-    from npu_lifetime.native_fallback import FALLBACK
+    from npu_lifetime.recording.native_fallback import FALLBACK
 
     side = torch.cuda.Stream()
     x = torch.ones(1024, device="cuda")
@@ -116,7 +116,7 @@ def fallback_fake(calls: int, rounds: int) -> dict:
 
     import torch
 
-    from npu_lifetime.native_fallback import CaptureGate, NativeFallback
+    from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
 
     class Stream:
         def __init__(self, handle):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from npu_lifetime import simdevice
-from npu_lifetime.sanitizer import watchers
+from npu_lifetime.recording import watchers
 
 _POOL = (ctypes.c_float * 4096)()  # a toy allocator's memory: every tensor from it starts here
 

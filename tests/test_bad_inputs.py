@@ -29,7 +29,7 @@ import torch
 
 import npu_lifetime
 from npu_lifetime import fsdp2, memory, shim
-from npu_lifetime import recording as rec
+from npu_lifetime.recording import calls as rec
 from npu_lifetime import simdevice as sd
 from npu_lifetime.cli import main
 from npu_lifetime.fuzz import FuzzConfig

@@ -51,7 +51,7 @@ REUSED = """
 import ctypes
 import torch
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import watchers
+from npu_lifetime.recording import watchers
 
 pool = (ctypes.c_float * 1024)()
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from npu_lifetime.native_fallback import CaptureGate, NativeFallback
+from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
 
 
 class FakeStream:

@@ -9,6 +9,7 @@ import npu_lifetime
 from npu_lifetime import recording, shim, simdevice as sd
 from npu_lifetime.handoff import SimHandoffDevice
 from npu_lifetime.recording import RecordUseError, shim_route
+from npu_lifetime.recording import calls as record_use_calls
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
 
@@ -31,7 +32,7 @@ def use_events(dev, t) -> dict:
 def test_fast_path_reaches_the_shim_without_the_checked_path(dev, monkeypatch):
     owner, side = sd.Stream(), sd.Stream()
     x = dev.empty(64, owner)
-    monkeypatch.setattr(recording, "_record_use_checked", lambda *a: pytest.fail("left the fast path"))
+    monkeypatch.setattr(record_use_calls, "_record_use_checked", lambda *a: pytest.fail("left the fast path"))
     npu_lifetime.record_use(x, side)
     with sd.stream(side):
         npu_lifetime.record_use(x[8:16])  # a view, the current stream
@@ -48,8 +49,8 @@ def test_a_use_on_the_allocation_stream_attaches_nothing(dev):
 
 def test_a_watching_sanitizer_sees_the_call_and_the_shim_still_gets_it(dev, monkeypatch):
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)  # knows the op before the spy
-    calls, op = [], recording._OP
-    monkeypatch.setattr(recording, "_OP", lambda *args: (calls.append(args[1:]), op(*args)))
+    calls, op = [], record_use_calls._OP
+    monkeypatch.setattr(record_use_calls, "_OP", lambda *args: (calls.append(args[1:]), op(*args)))
     owner, side = sd.Stream(), sd.Stream()
     with san:
         x = dev.empty(64, owner)
@@ -201,8 +202,8 @@ def test_any_dispatch_mode_in_this_thread_leaves_the_fast_path(dev, monkeypatch)
     owner, side = sd.Stream(), sd.Stream()
     x = dev.empty(16, owner)
     checked = []
-    original = recording._record_use_checked
-    monkeypatch.setattr(recording, "_record_use_checked", lambda *a: (checked.append(a), original(*a)))
+    original = record_use_calls._record_use_checked
+    monkeypatch.setattr(record_use_calls, "_record_use_checked", lambda *a: (checked.append(a), original(*a)))
     with Spy():
         npu_lifetime.record_use(x, side)
     assert len(checked) == 1  # a mode might want the op: not the fast path

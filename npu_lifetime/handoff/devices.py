@@ -124,7 +124,7 @@ class SimHandoffDevice:
             raise MemoryError(f"the simulated runtime is out of memory: {shim.findings()}")
         t = torch.frombuffer((ctypes.c_byte * nbytes).from_address(ptr), dtype=torch.float32)
         weakref.finalize(t.untyped_storage(), shim.free, ptr, nbytes, 0, self.handle(stream))
-        from ..sanitizer import watchers
+        from ..recording import watchers
 
         watchers.track_allocation(t, stream)
         return t

@@ -18,7 +18,9 @@ enabled sanitizer), ``backends`` (CUDA, NPU, simulated device), ``accesses``
 (reads and writes from schemas), ``collectives`` (c10d semantics),
 ``storages`` (address -> storage), ``shim_link`` (the shim's hooks),
 ``reporting`` (grouping, raising, latent/actual), ``report`` (text and
-JSON), ``sites``, ``watchers``, ``runner`` (``npu-lifetime check``).
+JSON), ``sites``, ``runner`` (``npu-lifetime check``).  The dispatch mode
+publishes the enabled sanitizers to ``npu_lifetime.recording.watchers``,
+through which record_use / record_stream / erase_stream reach them.
 """
 from __future__ import annotations
 

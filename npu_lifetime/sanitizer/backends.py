@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import simdevice
-from . import watchers
+from ..recording import watchers
 from .hub import Hub
 
 

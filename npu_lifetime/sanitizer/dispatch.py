@@ -20,15 +20,16 @@ import sys
 import threading
 from typing import Optional
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
+from ..recording import watchers  # (the package defines the op npu_lifetime::record_use)
 from . import accesses, collectives, sites
 from .hub import OpFrame, pop_frame, push_frame
 
 _lock = threading.Lock()
 _active: tuple = ()  # enabled sanitizers (replaced, never mutated)
-_by_type: dict = {}  # device type -> enabled sanitizers tracking it
 _backends: tuple = ()  # their distinct backends
 _depth = 8  # user frames per site: the most any enabled sanitizer asked for
 _mode: Optional["_Mode"] = None
@@ -44,10 +45,6 @@ _KINDS = {
 
 def active() -> tuple:
     return _active
-
-
-def watching(device_type: str) -> tuple:
-    return _by_type.get(device_type, ())
 
 
 def activate(sanitizer) -> None:
@@ -71,22 +68,18 @@ def deactivate(sanitizer) -> None:
 
 
 def _set_active(sanitizers: tuple) -> None:
-    global _active, _by_type, _backends, _depth
+    global _active, _backends, _depth
     by_type: dict = {}
     for s in sanitizers:
         by_type.setdefault(s.backend.device_type, ())
         by_type[s.backend.device_type] += (s,)
     _backends = tuple(dict.fromkeys(s.backend for s in sanitizers))
     _depth = max((s.stack_depth for s in sanitizers), default=8)
-    _by_type = by_type
+    watchers.publish(by_type)  # record_use, record_stream, erase_stream reach these sanitizers from there
     _active = sanitizers
 
 
 def _lifetime_ops() -> tuple:
-    import torch
-
-    from .. import recording  # noqa: F401  (defines npu_lifetime::record_use)
-
     return (torch.ops.aten.record_stream.default, torch.ops.npu_lifetime.record_use.default)
 
 

@@ -4,7 +4,7 @@ It is a sink: the dispatch mode (``dispatch.py``) replays each op into it,
 the device backend's hub (``hub.py``) delivers stream, event and
 synchronisation events, the storage table (``storages.py``) names storages,
 the shim link (``shim_link.py``) brings the shim's allocations and frees,
-and ``watchers.py`` brings record_use / record_stream / erase_stream calls
+and ``recording/watchers.py`` brings record_use / record_stream / erase_stream calls
 made outside the dispatcher.  The model decides every finding; the
 reporting policy (``reporting.py``) groups, raises or warns, and classifies
 them.
@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree, UnrecordedEventWait
+from ..recording import stream_from_op_args
 from . import dispatch, report, sites
 from .backends import Backend, backend_for
 from .hub import current_frame
@@ -315,8 +316,6 @@ class LifetimeSanitizer:
             stream = args[1] if len(args) > 1 else kwargs["s"]
             self._storage_call(tensor, self.backend.stream_key(stream), self.model.record_stream)
         else:
-            from ..recording import stream_from_op_args
-
             stream = stream_from_op_args(*args[1:])
             self._storage_call(tensor, self.backend.stream_key(stream), self.model.record_use)
 

@@ -8,8 +8,8 @@ import time
 import torch
 
 import npu_lifetime
-from npu_lifetime import recording
-from npu_lifetime.native_fallback import FALLBACK
+from npu_lifetime.recording import calls
+from npu_lifetime.recording.native_fallback import FALLBACK
 
 SLEEP = 200_000_000  # cycles of torch.cuda._sleep: ~0.1 s, long enough to keep a stream busy
 
@@ -204,12 +204,12 @@ def shim_fast_path() -> dict:
     x = torch.ones(1 << 16, device="cuda")
     npu_lifetime.record_use(x, side)  # the first call goes the checked way and enables the fast path
     slow = []
-    original = recording._record_use_checked
-    recording._record_use_checked = lambda *a: (slow.append(a), original(*a))
+    original = calls._record_use_checked
+    calls._record_use_checked = lambda *a: (slow.append(a), original(*a))
     npu_lifetime.record_use(x[100:200], side)
     with torch.cuda.stream(side):
         npu_lifetime.record_use(x)
-    recording._record_use_checked = original
+    calls._record_use_checked = original
     blocks = [b for seg in shim.snapshot()["segments"] for b in seg["blocks"] if b["address"] == x.data_ptr()]
     streams = [e["stream"] for e in blocks[0]["use_events"]] if blocks else []
     torch.cuda.synchronize()

@@ -167,7 +167,7 @@ def record_use_fallback() -> dict:
     storage is held while the side stream's read is pending (the stand-in
     holds that stream), and released once it ran, without another
     record_use call (the fallback's reaper)."""
-    from npu_lifetime import native_fallback
+    from npu_lifetime.recording import native_fallback
 
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")

@@ -1,8 +1,11 @@
-"""Which sanitizers watch a device, for callers outside the dispatcher
-(``npu_lifetime.recording``): a fast yes/no for the hot path, the delivery
-of record_use / record_stream / erase_stream calls to every enabled
-sanitizer that tracks the tensor, and a way for internal pollers to opt out
-of the sanitizer's view of event and stream queries.
+"""Who watches the lifetime calls: the hook through which record_use,
+record_stream and erase_stream (``calls.py``), the native fallback and the
+hand-off harness reach the sanitizers without importing them.  The
+sanitizer's dispatcher publishes the enabled sanitizers by device type
+(``publish``); the callers here ask a fast yes/no for the hot path
+(``watching``) and deliver each call to every sanitizer that tracks the
+tensor (``notify``, ``track_allocation``).  Internal pollers opt out of the
+sanitizer's view of event and stream queries:
 
     with watchers.internal_polling():
         done = event.query()   # not taken as a host synchronisation
@@ -12,15 +15,24 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from . import dispatch
-
+_by_type: dict = {}  # device type -> the enabled sanitizers tracking it (replaced, never mutated)
 _polling = threading.local()
+
+
+def publish(by_type: dict) -> None:
+    """The enabled sanitizers by the device type they track (the
+    sanitizer's dispatcher calls this whenever one is enabled or disabled).
+    A sanitizer here takes ``record_use``, ``record_stream``,
+    ``erase_stream`` and ``track_allocation`` (tensor, stream key), and its
+    ``backend.stream_key(stream)`` gives that key."""
+    global _by_type
+    _by_type = by_type
 
 
 def watching(device_type: str) -> bool:
     """True when an enabled sanitizer tracks tensors of ``device_type``
     ("cuda", "npu", or "cpu" for the simulated device)."""
-    return bool(dispatch.watching(device_type))
+    return bool(_by_type.get(device_type))
 
 
 def notify(call: str, tensor, stream) -> None:
@@ -29,7 +41,7 @@ def notify(call: str, tensor, stream) -> None:
     device stream or a ``simdevice.Stream``)."""
     if call not in ("record_use", "record_stream", "erase_stream"):
         raise ValueError(f"call must be record_use, record_stream or erase_stream, not {call!r}")
-    for sanitizer in dispatch.watching(tensor.device.type):
+    for sanitizer in _by_type.get(tensor.device.type, ()):
         getattr(sanitizer, call)(tensor, sanitizer.backend.stream_key(stream))
 
 
@@ -37,7 +49,7 @@ def track_allocation(tensor, stream) -> None:
     """Tells each enabled sanitizer that tracks ``tensor`` that its storage
     was just allocated on ``stream`` by an allocator no backend sees (the
     simulated device's hand-off harness allocates from the shim)."""
-    for sanitizer in dispatch.watching(tensor.device.type):
+    for sanitizer in _by_type.get(tensor.device.type, ()):
         sanitizer.track_allocation(tensor, sanitizer.backend.stream_key(stream))
 
 

@@ -33,10 +33,11 @@ from typing import Callable, Optional
 
 import torch
 
-from . import simdevice
-from .sanitizer import watchers
-from .shim import api as shim_api
-from .shim.install import device_stream, installed, stream_handle
+from .. import simdevice
+from ..shim import api as shim_api
+from ..shim.install import device_stream, installed, stream_handle
+from . import watchers
+from .native_fallback import FALLBACK
 
 DEVICE_TYPES = ("cuda", "npu")
 _CPU = 0  # c10::DeviceType::CPU, how a simulated stream travels through the op
@@ -250,8 +251,6 @@ def _apply(tensor: torch.Tensor, stream) -> None:
     if route is not None:
         route.record(tensor, stream)
     elif device_type in DEVICE_TYPES:
-        from .native_fallback import FALLBACK
-
         FALLBACK.record(tensor, stream)
     # simulated device without a shim route: host memory has no stream to outlive
 
@@ -358,7 +357,7 @@ def _npu_route() -> _ShimRoute:
     through the NPU bridge, without draining torch_npu's task queue."""
     import torch_npu
 
-    from .shim import npu_queue
+    from ..shim import npu_queue
 
     return _ShimRoute(
         "npu", torch_npu.npu.Stream, handle=npu_queue.stream_handle,
@@ -406,10 +405,9 @@ def _fallback_fast(device_type: str) -> Callable:
     common case does not need left to the checked path (False sends the
     call there): a tensor of this device type, a typed stream of its device
     or None (the current stream), memory to keep, no shim installed since."""
-    from . import native_fallback
-    from .shim import install as shim_install
+    from ..shim import install as shim_install
 
-    record = native_fallback.FALLBACK.for_device(device_type).record
+    record = FALLBACK.for_device(device_type).record
     if device_type == "cuda":
         flag, stream_type = "is_cuda", torch.cuda.Stream
         current = torch.cuda.current_stream
@@ -487,5 +485,3 @@ def uninstall_tensor_method() -> None:
     if getattr(torch.Tensor, "record_use", None) is _tensor_record_use:
         del torch.Tensor.record_use
 
-
-from .native_fallback import FALLBACK  # noqa: E402,F401  (npu_lifetime.recording.FALLBACK, as before)

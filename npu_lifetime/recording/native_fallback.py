@@ -67,6 +67,8 @@ from typing import Optional
 
 import torch
 
+from . import watchers
+
 # fork(): the gates' locks, then every fallback's, are held across it (the
 # reaper takes them in that order), so the child inherits none held.
 _FALLBACKS: "weakref.WeakSet" = weakref.WeakSet()
@@ -520,9 +522,7 @@ def _guard_resize(fallback: NativeFallback) -> None:
 def _internal_query(event) -> bool:
     """The event's query, made as an internal poller: a sanitizer does not
     count our own polling as a host synchronisation the program could rely on."""
-    from .sanitizer.watchers import internal_polling
-
-    with internal_polling():
+    with watchers.internal_polling():
         return event.query()
 
 
@@ -562,8 +562,6 @@ class CudaAPI:
             return True
 
     def sanitized(self) -> bool:
-        from .sanitizer import watchers
-
         return watchers.watching(self.device_type)
 
     @staticmethod
