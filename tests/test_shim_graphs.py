@@ -167,3 +167,38 @@ def test_ending_or_releasing_a_pool_never_begun_is_a_finding(sim_shim):
     sim_shim.release_pool(0, (42, 0))
     assert [(f["kind"], f["op"]) for f in sim_shim.findings()] == [
         ("invalid_argument", "end_allocate_to_pool"), ("invalid_argument", "release_pool")]
+
+
+def test_a_mem_pool_reference_without_a_capture_counts_and_releases(sim_shim):
+    assert sim_shim.pool_use_count(0, POOL) == 0
+    sim_shim.create_or_incref_pool(0, POOL)  # torch.cuda.MemPool()
+    sim_shim.begin_allocate_to_pool(0, POOL, S1)  # use_mem_pool
+    a = sim_shim.alloc(4096, 0, S1)
+    sim_shim.end_allocate_to_pool(0, POOL)
+    sim_shim.release_pool(0, POOL)
+    assert sim_shim.pool_use_count(0, POOL) == 1
+    assert sim_shim.alloc(4096, 0, S1) != a  # the pool's memory stays the pool's
+    sim_shim.free(a, 4096, 0, S1)
+    reserved = sim_shim.stats(0)["reserved_bytes.all.current"]
+    sim_shim.release_pool(0, POOL)  # the MemPool goes
+    assert sim_shim.pool_use_count(0, POOL) == 0
+    assert sim_shim.stats(0)["reserved_bytes.all.current"] < reserved
+
+
+def test_block_records_match_the_snapshot(sim_shim):
+    begin(sim_shim)
+    in_pool = sim_shim.alloc(4096, 0, S1)
+    end(sim_shim)
+    live = sim_shim.alloc(1000, 0, S2)
+    freed = sim_shim.alloc(8192, 0, S2)
+    sim_shim.free(freed, 8192, 0, S2)
+    records = sim_shim.block_records()
+    blocks = {b["address"]: b for seg in sim_shim.snapshot()["segments"] for b in seg["blocks"]}
+    assert {r["address"] for r in records} == set(blocks)
+    by_address = {r["address"]: r for r in records}
+    assert (by_address[in_pool]["pool_id0"], by_address[in_pool]["pool_id1"]) == POOL
+    assert by_address[live]["requested"] == 1000 and sim_shim.BLOCK_STATES[by_address[live]["state"]] == "live"
+    assert sim_shim.BLOCK_STATES[by_address[freed]["state"]] == "cached" and by_address[freed]["requested"] == 0
+    for r in records:
+        assert r["size"] == blocks[r["address"]]["size"]
+        assert r["segment"] <= r["address"] < r["segment"] + r["segment_size"]

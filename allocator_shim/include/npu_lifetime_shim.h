@@ -74,6 +74,35 @@ void npl_release_pool(int device, uint64_t id0, uint64_t id1);
 void npl_claim_next(void* ptr);
 /* Writes up to `capacity` live block addresses of the pool; returns how many there are. */
 size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_t* out, size_t capacity);
+/* torch.cuda.MemPool: a reference to the pool, created if new (no capture
+ * begins); and how many references it has (0: unknown or released). */
+void npl_create_or_incref_pool(int device, uint64_t id0, uint64_t id1);
+int npl_pool_use_count(int device, uint64_t id0, uint64_t id1);
+
+/* Every block of every segment, segments in address order and each
+ * segment's blocks in address order: what torch's snapshot() and
+ * cacheInfo() are built from (the torch bridge). */
+enum npl_block_state {
+    NPL_BLOCK_LIVE = 0,    /* handed out */
+    NPL_BLOCK_PENDING = 1, /* freed, waiting for events (or a capture's end, or debug quarantine) */
+    NPL_BLOCK_CACHED = 2   /* in its pool, free (perhaps reused behind a GPU-side wait) */
+};
+struct npl_block_record {
+    void* segment; /* the segment's base address */
+    uint64_t segment_size;
+    void* segment_stream;
+    uint64_t pool_id0, pool_id1; /* the segment's graph pool ({0, 0}: eager) */
+    void* address;
+    uint64_t size;      /* rounded */
+    uint64_t requested; /* what the live owner asked for (0 when free) */
+    void* stream;       /* allocation stream */
+    int32_t device;
+    int32_t small;      /* from the small-block pool */
+    int32_t state;      /* enum npl_block_state */
+    int32_t events;     /* use events and held events it carries */
+};
+/* Writes up to `capacity` records; returns how many there are. */
+size_t npl_block_records(struct npl_block_record* out, size_t capacity);
 
 /* Statistics, per device: torch-style names ("allocated_bytes.all.current",
  * ...), listed once by npl_stats_names_json; npl_stats_values writes the

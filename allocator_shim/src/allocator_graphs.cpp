@@ -37,6 +37,16 @@ void CachingAllocator::release_pool(int device, PoolId id) {
     if (graph_pools_.release(device, id) && rt_ != nullptr) release_pool_segments(device, id);
 }
 
+void CachingAllocator::create_or_incref_pool(int device, PoolId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    graph_pools_.incref(device, id);
+}
+
+int CachingAllocator::pool_use_count(int device, PoolId id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return graph_pools_.use_count(device, id);
+}
+
 void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {
     Finding f;
     f.kind = "invalid_argument";

@@ -98,6 +98,39 @@ std::string CachingAllocator::snapshot_json() const {
     return j.str();
 }
 
+namespace {
+int32_t record_state(BlockState state) {
+    if (state == BlockState::live) return NPL_BLOCK_LIVE;
+    return state == BlockState::cached ? NPL_BLOCK_CACHED : NPL_BLOCK_PENDING;
+}
+}  // namespace
+
+std::vector<npl_block_record> CachingAllocator::block_records() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<npl_block_record> out;
+    for (const auto& entry : segments_) {
+        const Segment* seg = entry.second;
+        for (const Block* b = seg->first; b != nullptr; b = b->next) {
+            npl_block_record r{};
+            r.segment = seg->base;
+            r.segment_size = seg->size;
+            r.segment_stream = seg->stream;
+            r.pool_id0 = seg->pool_id.first;
+            r.pool_id1 = seg->pool_id.second;
+            r.address = b->ptr;
+            r.size = b->size;
+            r.requested = b->state == BlockState::live ? b->requested : 0;
+            r.stream = b->stream;
+            r.device = seg->device;
+            r.small = seg->small ? 1 : 0;
+            r.state = record_state(b->state);
+            r.events = static_cast<int32_t>(b->uses.size() + b->held.size());
+            out.push_back(r);
+        }
+    }
+    return out;
+}
+
 void CachingAllocator::configure_trace(bool enabled, size_t capacity) {
     std::lock_guard<std::mutex> lock(mu_);
     trace_.configure(enabled, capacity);

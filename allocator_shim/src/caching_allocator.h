@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "npu_lifetime_shim.h"
 #include "address_book.h"
 #include "block.h"
 #include "findings.h"
@@ -67,6 +68,10 @@ class CachingAllocator {
     void end_allocate_to_pool(int device, PoolId id);
     void release_pool(int device, PoolId id);
     std::vector<void*> pool_live_allocations(int device, PoolId id) const;
+    void create_or_incref_pool(int device, PoolId id);
+    int pool_use_count(int device, PoolId id) const;
+    // Every block, segments in address order (npl_block_records).
+    std::vector<npl_block_record> block_records() const;
 
     // The calling thread's next allocation takes the cached memory at `ptr`.
     void claim_next(void* ptr);

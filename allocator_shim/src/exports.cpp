@@ -201,6 +201,22 @@ NPL_EXPORT size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t i
     });
 }
 
+NPL_EXPORT void npl_create_or_incref_pool(int device, uint64_t id0, uint64_t id1) {
+    guarded_void("create_or_incref_pool", [&] { shim().allocator.create_or_incref_pool(device, pool_id(id0, id1)); });
+}
+
+NPL_EXPORT int npl_pool_use_count(int device, uint64_t id0, uint64_t id1) {
+    return guarded("pool_use_count", 0, [&] { return shim().allocator.pool_use_count(device, pool_id(id0, id1)); });
+}
+
+NPL_EXPORT size_t npl_block_records(npl_block_record* out, size_t capacity) {
+    return guarded("block_records", static_cast<size_t>(0), [&] {
+        std::vector<npl_block_record> records = shim().allocator.block_records();
+        for (size_t i = 0; i < records.size() && i < capacity && out != nullptr; ++i) out[i] = records[i];
+        return records.size();
+    });
+}
+
 NPL_EXPORT void npl_claim_next(void* ptr) {
     guarded_void("claim_next", [&] { shim().allocator.claim_next(ptr); });
 }

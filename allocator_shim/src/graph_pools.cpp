@@ -8,12 +8,21 @@ namespace npl {
 void GraphPools::begin(int device, PoolId id, StreamFilter filter, Stream stream) {
     captures_.push_back(Capture{device, id, std::move(filter), {}});
     if (stream != nullptr) captures_.back().streams.push_back(stream);
+    incref(device, id);
+}
+
+void GraphPools::incref(int device, PoolId id) {
     Refs* r = refs(device, id);
     if (r == nullptr) {
         refs_.push_back(Refs{device, id, 1});
     } else {
         r->count++;
     }
+}
+
+int GraphPools::use_count(int device, PoolId id) const {
+    const Refs* r = refs(device, id);
+    return r == nullptr ? 0 : r->count;
 }
 
 bool GraphPools::end(int device, PoolId id) {

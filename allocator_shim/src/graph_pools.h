@@ -33,6 +33,9 @@ class GraphPools {
     // Drops one reference; true when the pool has none left.
     bool release(int device, PoolId id);
     bool known(int device, PoolId id) const;
+    // torch.cuda.MemPool: a reference without a capture (created at one).
+    void incref(int device, PoolId id);
+    int use_count(int device, PoolId id) const;  // 0 for a pool never opened
 
     // The private pool an allocation on (device, stream) goes to, if a
     // capture on `device` claims the stream (which it then knows); else the

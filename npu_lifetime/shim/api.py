@@ -197,6 +197,41 @@ def pool_live_allocations(device: int, pool: PoolId) -> list:
     return list(out[:n])
 
 
+def create_or_incref_pool(device: int, pool: PoolId) -> None:
+    """A reference to ``pool`` with no capture begun (torch.cuda.MemPool)."""
+    pool = check.pool(pool)
+    library().npl_create_or_incref_pool(check.device(device), pool[0], pool[1])
+
+
+def pool_use_count(device: int, pool: PoolId) -> int:
+    """The pool's references (0: never opened, or all released)."""
+    pool = check.pool(pool)
+    return library().npl_pool_use_count(check.device(device), pool[0], pool[1])
+
+
+class BlockRecord(ctypes.Structure):
+    """``struct npl_block_record``: one block, as the CUDA bridge reads them."""
+    _fields_ = [("segment", ctypes.c_void_p), ("segment_size", ctypes.c_uint64),
+                ("segment_stream", ctypes.c_void_p), ("pool_id0", ctypes.c_uint64), ("pool_id1", ctypes.c_uint64),
+                ("address", ctypes.c_void_p), ("size", ctypes.c_uint64), ("requested", ctypes.c_uint64),
+                ("stream", ctypes.c_void_p), ("device", ctypes.c_int32), ("small", ctypes.c_int32),
+                ("state", ctypes.c_int32), ("events", ctypes.c_int32)]
+
+
+BLOCK_STATES = ("live", "pending", "cached")  # enum npl_block_state
+
+
+def block_records() -> list:
+    """Every block as the C ABI's flat records (dicts), segments in address order."""
+    lib = library()
+    while True:
+        n = lib.npl_block_records(None, 0)
+        out = (BlockRecord * max(n, 1))()
+        got = lib.npl_block_records(out, n)
+        if got <= n:
+            return [{name: getattr(r, name) or 0 for name, _ in BlockRecord._fields_} for r in out[:got]]
+
+
 def claim_next(ptr: int) -> None:
     """This thread's next allocation takes the cached memory at ``ptr``
     (restoring a graph pool checkpoint through torch's allocator).  ``ptr``

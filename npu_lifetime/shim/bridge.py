@@ -7,7 +7,11 @@ does without:
   pluggable allocator can only return NULL, which torch would hand on as a
   tensor at address 0);
 - the NPU bridge (``npu_queue_bridge.cpp``): the shim's events and stream
-  waits through torch_npu's task queue (``npu_queue.py``).
+  waits through torch_npu's task queue (``npu_queue.py``);
+- the CUDA bridge (``cuda_allocator_bridge.cpp``): the shim as torch's CUDA
+  allocator with the entry points a pluggable allocator lacks (cacheInfo,
+  memory history, MemPool, pool checkpoints); it raises torch's
+  out-of-memory error itself.
 
 Each is compiled once per framework build, against the one in use, with the
 system C++ compiler, and cached (``$NPU_LIFETIME_CACHE``, else
@@ -30,6 +34,7 @@ from .native import library, symbol_address
 
 TORCH_BRIDGE = "oom_bridge.cpp"
 NPU_BRIDGE = "npu_queue_bridge.cpp"
+CUDA_BRIDGE = "cuda_allocator_bridge.cpp"
 
 
 class BridgeUnavailable(RuntimeError):
@@ -81,6 +86,40 @@ def _torch_npu_flags() -> list:
     ]
 
 
+def _cuda_include() -> Path:
+    """The CUDA runtime's headers torch's CUDA headers include."""
+    import torch
+    from torch.utils import cpp_extension
+
+    roots = [os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME]
+    candidates = [Path(root) / "include" for root in roots if root]
+    site = Path(torch.__file__).resolve().parent.parent / "nvidia"
+    candidates += sorted(site.glob("*/include"))
+    for candidate in candidates:
+        if (candidate / "cuda_runtime_api.h").exists():
+            return candidate
+    raise BridgeUnavailable("the CUDA bridge needs the CUDA runtime's headers (cuda_runtime_api.h); set CUDA_HOME")
+
+
+def _torch_cuda_flags() -> list:
+    import torch
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    if not (torch_dir / "include" / "torch" / "csrc" / "cuda" / "CUDAPluggableAllocator.h").exists():
+        raise BridgeUnavailable("this torch has no CUDA headers (CUDAPluggableAllocator.h)")
+    return ["-isystem", str(torch_dir / "include" / "torch" / "csrc" / "api" / "include"),
+            "-isystem", str(_cuda_include()), f"-I{_shim_header().parent}",
+            "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-ldl"]
+
+
+def _framework_flags(name: str) -> list:
+    if name == NPU_BRIDGE:
+        return _torch_flags() + _torch_npu_flags()
+    if name == CUDA_BRIDGE:
+        return _torch_flags() + _torch_cuda_flags()
+    return _torch_flags()
+
+
 def _framework_version(name: str) -> bytes:
     import torch
 
@@ -88,7 +127,9 @@ def _framework_version(name: str) -> bytes:
     if name == NPU_BRIDGE:
         import torch_npu
 
-        version += torch_npu.__version__ + torch_npu.__file__ + _shim_header().read_text()
+        version += torch_npu.__version__ + torch_npu.__file__
+    if name in (NPU_BRIDGE, CUDA_BRIDGE):
+        version += _shim_header().read_text()
     return version.encode()
 
 
@@ -106,7 +147,7 @@ def build(out_dir: Optional[Path] = None, name: str = TORCH_BRIDGE) -> Path:
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    flags = _torch_flags() + (_torch_npu_flags() if name == NPU_BRIDGE else [])
+    flags = _framework_flags(name)
     command = [*cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
                str(source), "-o", str(tmp), *flags]
     done = subprocess.run(command, capture_output=True, text=True)

@@ -95,28 +95,37 @@ def install(
     except api.ShimError as err:
         raise InstallError(f"cannot install the shim for {device}: {err}") from err
     npu_bridge = _npu_bridge() if device == "npu" else None
-    bridge = _bridge()
-    entries = {setter: symbol_address(entry) for setter, entry in setters.items()}
-    if npu_bridge is not None:
-        entries.update(npu_queue.statistics_hooks(npu_bridge))
-    allocator, wired = _pluggable_allocator(device, memory, _entry_points(bridge, npu_bridge), entries)
-    try:
-        memory.change_current_allocator(allocator)
-    except RuntimeError as err:
-        raise InstallError(
-            f"cannot install the shim for {device}: the {device} allocator was already used "
-            f"in this process ({err}). Call npu_lifetime.install() before any {device} tensor, "
-            "stream or memory call."
-        ) from err
+    cuda_bridge = _cuda_bridge() if device == "cuda" else None
+    if cuda_bridge is not None:
+        bridge, wired = cuda_bridge, tuple(setters) + CUDA_BRIDGE_ENTRIES
+        _change_allocator(device, lambda: _install_cuda_bridge(cuda_bridge))
+    else:
+        bridge = _bridge()
+        entries = {setter: symbol_address(entry) for setter, entry in setters.items()}
+        if npu_bridge is not None:
+            entries.update(npu_queue.statistics_hooks(npu_bridge))
+        allocator, wired = _pluggable_allocator(device, memory, _entry_points(bridge, npu_bridge), entries)
+        _change_allocator(device, lambda: memory.change_current_allocator(allocator))
     if device == "npu":
         npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
     _configure(policy, debug, quarantine_bytes)
     from . import torch_api
 
-    torch_api.route_memory_functions(device)
+    torch_api.route_memory_functions(device, cuda_bridge=cuda_bridge is not None)
     _installed = Installed(device, runtime, policy, debug, str(library_path()), str(bridge) if bridge else None, wired)
     return _installed
+
+
+def _change_allocator(device: str, change) -> None:
+    try:
+        change()
+    except RuntimeError as err:
+        raise InstallError(
+            f"cannot install the shim for {device}: the {device} allocator was already used "
+            f"in this process ({err}). Call npu_lifetime.install() before any {device} tensor, "
+            "stream or memory call."
+        ) from err
 
 
 def _check_arguments(device, policy, debug, quarantine_bytes) -> None:
@@ -173,6 +182,40 @@ def _npu_bridge():
         )
         return None
     return npu_queue.load(npu_queue.build())
+
+
+# What torch's CUDAAllocator asks beyond the pluggable setters, answered by the CUDA bridge.
+CUDA_BRIDGE_ENTRIES = ("cacheInfo", "recordHistory", "snapshot", "createOrIncrefPool", "getPoolUseCount",
+                       "checkPoolLiveAllocations", "getCheckpointState", "setCheckpointPoolState")
+
+
+def _cuda_bridge():
+    """The CUDA bridge's path (the shim as torch's CUDA allocator, every entry
+    point answered), or None with a warning when it can't be built: then
+    the plain pluggable allocator, without those entry points."""
+    from . import bridge
+
+    if os.environ.get("NPU_LIFETIME_BRIDGE", "1") == "0" or os.environ.get("NPU_LIFETIME_CUDA_BRIDGE", "1") == "0":
+        return None
+    try:
+        return bridge.build(name=bridge.CUDA_BRIDGE)
+    except bridge.BridgeUnavailable as err:
+        warnings.warn(
+            f"npu_lifetime: {err}; the shim is installed as a plain CUDAPluggableAllocator: cudnn benchmark, "
+            "memory history, MemPool and cudagraph-tree checkpoints that need storages rewired raise",
+            RuntimeWarning, stacklevel=3,
+        )
+        return None
+
+
+def _install_cuda_bridge(path) -> None:
+    """Loads the CUDA bridge and makes it torch's CUDA allocator."""
+    library = ctypes.CDLL(str(path))
+    library.npl_cuda_install.argtypes = [ctypes.c_char_p]
+    library.npl_cuda_install.restype = ctypes.c_char_p
+    why = library.npl_cuda_install(str(library_path()).encode())
+    if why is not None:
+        raise RuntimeError(why.decode(errors="replace"))
 
 
 def _bridge():

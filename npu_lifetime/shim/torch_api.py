@@ -22,6 +22,12 @@ storages still alive so they free their blocks; no allocator hook can do
 that, so a restore that would need it (a checkpointed block whose output
 storage is still alive, or a block live now that was not then) raises with
 what to do instead.
+
+The CUDA bridge (``bridge.CUDA_BRIDGE``) answers the snapshot, the pool
+checks and checkpoints in C++, where torch's own code rewires storages and
+turns recorded stacks into frames; with it, only the statistics are routed
+here, and the snapshot is torch's with each block's recorded streams and
+events added as frames (``snapshot_with_events``).
 """
 from __future__ import annotations
 
@@ -101,6 +107,25 @@ def set_checkpoint_pool_state(device: int, state: PoolCheckpoint, stale_storages
             raise RuntimeError(f"npu_lifetime shim: could not hold graph pool block {ptr:#x} again ({api.findings()})")
 
 
+def snapshot_with_events(*args, **kwargs) -> dict:
+    """torch's snapshot (the CUDA bridge's), each block's frames led by what
+    the shim holds it for: recorded streams, use events, held events."""
+    from ..viz.memory_viz import event_notes
+
+    data = _originals["_cuda_memorySnapshot"](*args, **kwargs)
+    shim_blocks = {b["address"]: b for seg in api.snapshot()["segments"] for b in seg["blocks"]}
+    for seg in data.get("segments", []):
+        for block in seg["blocks"]:
+            shim_block = shim_blocks.get(block["address"])
+            if shim_block is not None:
+                block["frames"] = event_notes(shim_block) + list(block.get("frames", []))
+    return data
+
+
+# Under the CUDA bridge: what it answers itself, and what is routed instead.
+BRIDGE_ANSWERS = ("checkPoolLiveAllocations", "getCheckpointState", "setCheckpointPoolState")
+BRIDGE_ROUTES = {"memorySnapshot": snapshot_with_events}
+
 _ROUTES = {  # torch._C (cuda) / torch_npu._C (npu) function, by what it does
     "memoryStats": memory_stats,
     "resetPeakMemoryStats": reset_peak_memory_stats,
@@ -122,13 +147,18 @@ def _module(device: str):
     return torch_npu._C, "_npu_"
 
 
-def route_memory_functions(device: str) -> tuple:
+def route_memory_functions(device: str, cuda_bridge: bool = False) -> tuple:
     """Replaces the device's ``_C`` functions this build has (torch_npu's
     ``torch.npu.memory_stats`` & co. call ``torch_npu._C._npu_memoryStats``
-    at each call); returns their names."""
+    at each call); returns their names.  ``cuda_bridge``: the CUDA bridge
+    is torch's allocator and answers some of them itself."""
     module, prefix = _module(device)
+    routes = dict(_ROUTES)
+    if cuda_bridge:
+        routes = {k: v for k, v in routes.items() if k not in BRIDGE_ANSWERS}
+        routes.update(BRIDGE_ROUTES)
     routed = []
-    for suffix, replacement in _ROUTES.items():
+    for suffix, replacement in routes.items():
         name = prefix + suffix
         if hasattr(module, name):
             _originals.setdefault(name, getattr(module, name))

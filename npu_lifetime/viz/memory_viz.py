@@ -100,15 +100,7 @@ def _block(b: dict, device: int, lives: Optional[Lives], frames: dict) -> dict:
     state = viewer_state(b["state"])
     life = _current_life(lives, device, b) if state != "inactive" else None
     who = f"{life.name} (owner {life.generation} of this address): " if life is not None else ""
-    notes = [note(f"{who}{b['state']} in the shim, allocated on {stream_name(b['alloc_stream'])}")]
-    notes += [note(f"record_stream({stream_name(s)}): its free waits for all work queued there by the free")
-              for s in b["recorded_streams"]]
-    for use in b["use_events"]:
-        what = "a use nothing recorded (noted)" if use.get("kind") == "note_use" else "record_use event"
-        notes.append(note(f"{what} on {stream_name(use['stream'])}: reuse waits for it"))
-    for held in b["held_events"]:
-        must = "must fire before reuse" if held.get("must_fire") else "a reuse waits for it GPU-side"
-        notes.append(note(f"freed, holding an event of {stream_name(held['stream'])}: {must}"))
+    notes = [note(f"{who}{b['state']} in the shim, allocated on {stream_name(b['alloc_stream'])}")] + event_notes(b)
     if life is not None:
         notes += life_notes(life, lives)
     return {
@@ -118,6 +110,19 @@ def _block(b: dict, device: int, lives: Optional[Lives], frames: dict) -> dict:
         "state": state,
         "frames": notes + (frames.get(life.alloc, []) if life is not None and life.alloc is not None else []),
     }
+
+
+def event_notes(b: dict) -> list:
+    """Frames for a shim block's recorded streams, use events and held events."""
+    notes = [note(f"record_stream({stream_name(s)}): its free waits for all work queued there by the free")
+             for s in b["recorded_streams"]]
+    for use in b["use_events"]:
+        what = "a use nothing recorded (noted)" if use.get("kind") == "note_use" else "record_use event"
+        notes.append(note(f"{what} on {stream_name(use['stream'])}: reuse waits for it"))
+    for held in b["held_events"]:
+        must = "must fire before reuse" if held.get("must_fire") else "a reuse waits for it GPU-side"
+        notes.append(note(f"freed, holding an event of {stream_name(held['stream'])}: {must}"))
+    return notes
 
 
 def life_notes(life: Life, lives: Lives) -> list:

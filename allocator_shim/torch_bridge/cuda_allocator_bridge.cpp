@@ -1,0 +1,397 @@
+// The CUDA bridge: the shim as torch's CUDA allocator, with every entry
+// point torch reaches, not only the ones a pluggable allocator can set.
+//
+// torch's CUDAPluggableAllocator takes alloc/free and eight setters; the
+// rest of its CUDAAllocator interface raises "does not yet support":
+// cacheInfo (cudnn benchmark's workspace sizing), recordHistory and the
+// traces of snapshot() (torch.cuda.memory._record_memory_history, the
+// memory_viz workflow), createOrIncrefPool/getPoolUseCount (MemPool),
+// checkPoolLiveAllocations and the pool checkpoints cudagraph trees restore
+// (getCheckpointState/setCheckpointPoolState).  ShimCudaAllocator is a
+// CUDAPluggableAllocator that answers those from the shim, so torch's own
+// C++ (the snapshot's conversion to Python, the storages a checkpoint
+// rewires) runs unchanged on top.  Like oom_bridge.cpp it is built at
+// install() against the torch in use (npu_lifetime/shim/bridge.py) and
+// reaches the shim only through the shim's C ABI (found with dlsym in the
+// loaded shim), so the shim itself stays free of torch and CUDA headers.
+//
+// Invariants:
+// - every allocation torch sees goes through CUDAPluggableAllocator::malloc
+//   (its bookkeeping of size/device/stream for raw_delete), checkpoint
+//   restores included;
+// - nothing here holds a lock while calling into the shim or into Python
+//   (the context recorder takes the GIL): History's mutex guards only its
+//   own containers;
+// - no C++ exception leaves the extern "C" functions.
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "npu_lifetime_shim.h"
+
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::cuda::MempoolId_t;
+using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+// The shim's C ABI, as found in the loaded shim.
+struct Shim {
+    void* (*alloc)(ssize_t, int, void*);
+    void (*free)(void*, ssize_t, int, void*);
+    const char* (*oom_message)();
+    void (*init)(int);
+    void (*empty_cache)();
+    void (*set_fraction)(double, int);
+    void* (*base_alloc)(void*, size_t*);
+    void (*record_stream)(void*, void*);
+    void (*begin_pool)(int, MempoolId_t, std::function<bool(cudaStream_t)>);
+    void (*end_pool)(int, MempoolId_t);
+    void (*release_pool)(int, MempoolId_t);
+    void (*incref_pool)(int, uint64_t, uint64_t);
+    int (*pool_use_count)(int, uint64_t, uint64_t);
+    size_t (*block_records)(npl_block_record*, size_t);
+    void (*claim_next)(void*);
+};
+
+template <typename F>
+bool find(void* lib, const char* name, F* out, std::string* missing) {
+    *out = reinterpret_cast<F>(dlsym(lib, name));
+    if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+    return *out != nullptr;
+}
+
+// The shim's functions, or the names it lacks.
+std::string load_shim(const char* path, Shim* s) {
+    void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) return std::string("the shim is not loaded: ") + dlerror();
+    std::string missing;
+    find(lib, "npl_alloc", &s->alloc, &missing);
+    find(lib, "npl_free", &s->free, &missing);
+    find(lib, "npl_last_oom_message", &s->oom_message, &missing);
+    find(lib, "npl_torch_init", &s->init, &missing);
+    find(lib, "npl_torch_empty_cache", &s->empty_cache, &missing);
+    find(lib, "npl_torch_set_memory_fraction", &s->set_fraction, &missing);
+    find(lib, "npl_torch_base_alloc", &s->base_alloc, &missing);
+    find(lib, "npl_torch_record_stream", &s->record_stream, &missing);
+    find(lib, "npl_torch_begin_allocate_to_pool", &s->begin_pool, &missing);
+    find(lib, "npl_torch_end_allocate_to_pool", &s->end_pool, &missing);
+    find(lib, "npl_torch_release_pool", &s->release_pool, &missing);
+    find(lib, "npl_create_or_incref_pool", &s->incref_pool, &missing);
+    find(lib, "npl_pool_use_count", &s->pool_use_count, &missing);
+    find(lib, "npl_block_records", &s->block_records, &missing);
+    find(lib, "npl_claim_next", &s->claim_next, &missing);
+    dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
+    return missing.empty() ? "" : "the shim lacks " + missing;
+}
+
+std::vector<npl_block_record> block_records(const Shim& shim) {
+    std::vector<npl_block_record> out(256);
+    for (;;) {
+        size_t n = shim.block_records(out.data(), out.size());
+        if (n <= out.size()) {
+            out.resize(n);
+            return out;
+        }
+        out.resize(n + 64);  // blocks were added between the two calls: ask again
+    }
+}
+
+bool in_pool(const npl_block_record& r, MempoolId_t id) { return r.pool_id0 == id.first && r.pool_id1 == id.second; }
+
+// torch's memory history (_record_memory_history): a trace ring per device
+// and the stack of each live allocation, both from torch's context recorder.
+class History {
+   public:
+    void configure(bool enabled, cca::CreateContextFn recorder, size_t max_entries, cca::RecordContext when,
+                   bool clear) {
+        std::lock_guard<std::mutex> lock(mu_);
+        enabled_ = enabled;
+        recorder_ = recorder;
+        max_entries_ = std::max<size_t>(max_entries, 1);
+        when_ = enabled ? when : cca::RecordContext::NEVER;
+        if (clear || !enabled) traces_.clear();
+        if (!enabled) contexts_.clear();
+    }
+    bool enabled() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return enabled_;
+    }
+    // The caller's stack, if this kind of event keeps one (gathered without the lock).
+    std::shared_ptr<c10::GatheredContext> context(cca::RecordContext needed) {
+        cca::CreateContextFn recorder = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (when_ >= needed) recorder = recorder_;
+        }
+        return recorder != nullptr ? recorder() : nullptr;
+    }
+    void on_alloc(void* ptr, size_t size, int device, cudaStream_t stream,
+                  const std::shared_ptr<c10::GatheredContext>& ctx) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!enabled_) return;
+        if (ctx != nullptr) contexts_[ptr] = ctx;
+        add(cca::TraceEntry::ALLOC, device, ptr, size, stream, when_ >= cca::RecordContext::ALLOC ? ctx : nullptr);
+    }
+    // The shim holds a freed block until its events fire, but that is not
+    // visible here: the free completes, as far as torch's trace goes, at once
+    // (the snapshot's blocks show which are still pending).
+    void on_free(void* ptr, size_t size, int device, cudaStream_t stream,
+                 const std::shared_ptr<c10::GatheredContext>& ctx) {
+        std::lock_guard<std::mutex> lock(mu_);
+        contexts_.erase(ptr);
+        if (!enabled_) return;
+        add(cca::TraceEntry::FREE_REQUESTED, device, ptr, size, stream, ctx);
+        add(cca::TraceEntry::FREE_COMPLETED, device, ptr, size, stream, ctx);
+    }
+    void on_oom(int device, size_t size, cudaStream_t stream) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (enabled_) add(cca::TraceEntry::OOM, device, nullptr, size, stream, nullptr);
+    }
+    std::shared_ptr<c10::GatheredContext> allocated_at(void* ptr) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = contexts_.find(ptr);
+        return it == contexts_.end() ? nullptr : it->second;
+    }
+    std::vector<std::vector<cca::TraceEntry>> traces(size_t devices) {
+        std::lock_guard<std::mutex> lock(mu_);
+        std::vector<std::vector<cca::TraceEntry>> out(devices);
+        for (auto& entry : traces_) {
+            if (entry.first >= 0 && static_cast<size_t>(entry.first) < devices) {
+                out[entry.first].assign(entry.second.begin(), entry.second.end());
+            }
+        }
+        return out;
+    }
+
+   private:
+    void add(cca::TraceEntry::Action action, int device, void* ptr, size_t size, cudaStream_t stream,
+             std::shared_ptr<c10::GatheredContext> ctx) {
+        auto& ring = traces_[device];
+        ring.emplace_back(action, static_cast<c10::DeviceIndex>(device), reinterpret_cast<size_t>(ptr), size,
+                          static_cast<void*>(stream), MempoolId_t{0, 0}, c10::getApproximateTime(), std::move(ctx));
+        while (ring.size() > max_entries_) ring.pop_front();
+    }
+
+    std::mutex mu_;
+    bool enabled_ = false;
+    cca::CreateContextFn recorder_ = nullptr;
+    size_t max_entries_ = 1;
+    cca::RecordContext when_ = cca::RecordContext::NEVER;
+    std::map<int, std::deque<cca::TraceEntry>> traces_;
+    std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+};
+
+// A pool's live blocks at a checkpoint: what setCheckpointPoolState re-creates.
+struct PoolState : cca::AllocatorState {
+    struct Live {
+        void* ptr;
+        size_t size;
+        cudaStream_t stream;
+    };
+    int device = 0;
+    MempoolId_t id{0, 0};
+    std::vector<Live> live;  // in address order
+};
+
+class ShimCudaAllocator : public CUDAPluggableAllocator {
+   public:
+    ShimCudaAllocator(const Shim& shim, std::shared_ptr<History> history)
+        : CUDAPluggableAllocator(alloc_fn(shim, history), free_fn(shim, history)), shim_(shim), history_(history) {
+        set_init_fn(shim.init);
+        set_reset_fn(shim.empty_cache);
+        set_memory_fraction_fn(shim.set_fraction);
+        set_base_alloc_fn(shim.base_alloc);
+        set_record_stream_fn(shim.record_stream);
+        set_begin_allocate_to_pool(shim.begin_pool);
+        set_end_allocate_to_pool_fn(shim.end_pool);
+        set_release_pool(shim.release_pool);
+    }
+
+    std::string name() override { return "npu_lifetime"; }
+
+    // cudnn benchmark sizes its workspace by the largest block it could get
+    // without a new segment, or the device's free memory if none is cached.
+    void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
+        size_t best = 0;
+        for (const npl_block_record& r : block_records(shim_)) {
+            if (r.device == device && r.state == NPL_BLOCK_CACHED && !r.small && in_pool(r, {0, 0})) {
+                best = std::max<size_t>(best, r.size);
+            }
+        }
+        if (best == 0) best = getMemoryInfo(device).first;
+        *largest = best;
+    }
+
+    void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id,
+                            std::shared_ptr<cca::CUDAAllocator> allocator) override {
+        TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                    "npu_lifetime: a MemPool with an allocator of its own is not supported while the shim is "
+                    "torch's allocator; use torch.cuda.MemPool() without one");
+        shim_.incref_pool(device, id.first, id.second);
+    }
+
+    int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override {
+        return shim_.pool_use_count(device, id.first, id.second);
+    }
+
+    bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t id,
+                                  const std::unordered_set<void*>& expected) override {
+        size_t live = 0;
+        for (const npl_block_record& r : block_records(shim_)) {
+            if (r.device != device || !in_pool(r, id) || r.state != NPL_BLOCK_LIVE) continue;
+            if (expected.count(r.address) == 0) return false;
+            live++;
+        }
+        return live == expected.size();
+    }
+
+    bool isHistoryEnabled() override { return history_->enabled(); }
+
+    void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries, cca::RecordContext when,
+                       bool clear, const std::vector<std::string>& /*skip_actions*/) override {
+        history_->configure(enabled, recorder, max_entries, when, clear);
+    }
+
+    cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override {
+        cca::SnapshotInfo info;
+        std::map<void*, size_t> segment_index;  // segment base -> its place in info.segments
+        for (const npl_block_record& r : block_records(shim_)) {
+            if ((id.first != 0 || id.second != 0) && !in_pool(r, id)) continue;
+            auto found = segment_index.find(r.segment);
+            if (found == segment_index.end()) {
+                found = segment_index.emplace(r.segment, info.segments.size()).first;
+                info.segments.push_back(segment_of(r));
+            }
+            add_block(info.segments[found->second], r);
+        }
+        if (include_traces) info.device_traces = history_->traces(c10::cuda::device_count());
+        info.config_metadata.last_allocator_settings = "npu_lifetime shim";
+        return info;
+    }
+
+    std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
+        auto state = std::make_shared<PoolState>();
+        state->device = device;
+        state->id = id;
+        for (const npl_block_record& r : block_records(shim_)) {
+            if (r.device == device && in_pool(r, id) && r.state == NPL_BLOCK_LIVE) {
+                state->live.push_back({r.address, static_cast<size_t>(r.requested), static_cast<cudaStream_t>(r.stream)});
+            }
+        }
+        return state;
+    }
+
+    // As torch's own allocator does: every block of the pool live now is
+    // freed, then every block live at the checkpoint is allocated again at
+    // its address (a claim), and torch gets a DataPtr for each, which it
+    // hands to the storages it rewires.
+    cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                                std::shared_ptr<cca::AllocatorState> pps) override {
+        auto* state = dynamic_cast<PoolState*>(pps.get());
+        TORCH_CHECK(state != nullptr && state->device == device,
+                    "npu_lifetime: a pool checkpoint taken by another allocator, or on another device");
+        cca::CheckpointDelta delta;
+        for (const npl_block_record& r : block_records(shim_)) {
+            if (r.device == device && in_pool(r, state->id) && r.state == NPL_BLOCK_LIVE) {
+                raw_delete(r.address);
+                delta.ptrs_freed.push_back(r.address);
+            }
+        }
+        for (const PoolState::Live& block : state->live) {
+            shim_.claim_next(block.ptr);
+            void* got = malloc(block.size, device, block.stream);
+            TORCH_CHECK(got == block.ptr, "npu_lifetime: could not allocate the checkpointed block at ", block.ptr,
+                        " again (got ", got, ")");
+            delta.dataptrs_allocd.emplace_back(got, got, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
+        }
+        return delta;
+    }
+
+   private:
+    static std::function<void*(size_t, int, cudaStream_t)> alloc_fn(const Shim& shim,
+                                                                   std::shared_ptr<History> history) {
+        return [shim, history](size_t size, int device, cudaStream_t stream) -> void* {
+            auto ctx = history->context(cca::RecordContext::STATE);
+            void* p = shim.alloc(static_cast<ssize_t>(size), device, stream);
+            if (p == nullptr && size != 0) {
+                history->on_oom(device, size, stream);
+                TORCH_CHECK_WITH(OutOfMemoryError, false, shim.oom_message());
+            }
+            history->on_alloc(p, size, device, stream, ctx);
+            return p;
+        };
+    }
+
+    static std::function<void(void*, size_t, int, cudaStream_t)> free_fn(const Shim& shim,
+                                                                        std::shared_ptr<History> history) {
+        return [shim, history](void* ptr, size_t size, int device, cudaStream_t stream) {
+            history->on_free(ptr, size, device, stream, history->context(cca::RecordContext::ALL));
+            shim.free(ptr, static_cast<ssize_t>(size), device, stream);
+        };
+    }
+
+    static c10::CachingDeviceAllocator::SegmentInfo segment_of(const npl_block_record& r) {
+        c10::CachingDeviceAllocator::SegmentInfo seg;
+        seg.device = static_cast<c10::DeviceIndex>(r.device);
+        seg.address = reinterpret_cast<size_t>(r.segment);
+        seg.total_size = r.segment_size;
+        seg.stream = r.segment_stream;
+        seg.is_large = r.small == 0;
+        seg.owner_private_pool_id = MempoolId_t{r.pool_id0, r.pool_id1};
+        return seg;
+    }
+
+    void add_block(c10::CachingDeviceAllocator::SegmentInfo& seg, const npl_block_record& r) {
+        c10::CachingDeviceAllocator::BlockInfo block;
+        block.size = r.size;
+        block.requested_size = r.state == NPL_BLOCK_LIVE ? r.requested : r.size;
+        block.allocated = r.state == NPL_BLOCK_LIVE;
+        block.active = r.state != NPL_BLOCK_CACHED;  // a pending block is torch's "active_pending_free"
+        if (block.allocated) block.context_when_allocated = history_->allocated_at(r.address);
+        seg.requested_size += block.allocated ? r.requested : 0;
+        seg.allocated_size += block.allocated ? r.size : 0;
+        seg.active_size += block.active ? r.size : 0;
+        if (seg.blocks.empty()) seg.context_when_allocated = block.context_when_allocated;
+        seg.blocks.push_back(std::move(block));
+    }
+
+    Shim shim_;
+    std::shared_ptr<History> history_;
+};
+
+std::string last_error;
+
+}  // namespace
+
+// Makes a ShimCudaAllocator over the loaded shim at `shim_path` torch's CUDA
+// allocator.  Returns NULL, or why not (torch refuses once its allocator has
+// served an allocation).
+extern "C" __attribute__((visibility("default"))) const char* npl_cuda_install(const char* shim_path) {
+    try {
+        Shim shim{};
+        last_error = load_shim(shim_path, &shim);
+        if (!last_error.empty()) return last_error.c_str();
+        auto allocator = std::make_shared<ShimCudaAllocator>(shim, std::make_shared<History>());
+        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+        return nullptr;
+    } catch (const std::exception& err) {
+        last_error = err.what();
+    } catch (...) {
+        last_error = "unknown C++ exception";
+    }
+    return last_error.c_str();
+}

@@ -1,0 +1,168 @@
+"""The allocator entry points torch reaches beyond the pluggable setters, each
+program run under the shim ("shim") or under torch's own allocator
+("native", the control): cudnn benchmark (cacheInfo), memory history read
+by torch's own snapshot tools, MemPool/use_mem_pool, and cudagraph trees
+restoring pool checkpoints with live outputs.  Each prints one JSON line.
+
+    python tests/gpu_programs/entry_point_programs.py PROGRAM ALLOCATOR
+"""
+import json
+import os
+import pickle
+import sys
+import tempfile
+
+import torch
+
+import npu_lifetime
+from npu_lifetime import shim
+
+
+def setup(allocator: str) -> dict:
+    if allocator == "shim":
+        installed = npu_lifetime.install("cuda")
+        return {"hooks": list(installed.hooks), "backend": torch.cuda.get_allocator_backend()}
+    return {"hooks": [], "backend": torch.cuda.get_allocator_backend()}
+
+
+def findings(allocator: str) -> list:
+    return shim.findings() if allocator == "shim" else []
+
+
+def cudnn_benchmark(allocator):
+    """torch.backends.cudnn.benchmark sizes workspaces with cacheInfo: a conv
+    net trains a few steps, results equal to benchmark off."""
+    info = setup(allocator)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 8, 3, padding=1)).cuda()
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+
+    def step():
+        net.zero_grad()
+        y = net(x)
+        y.square().mean().backward()
+        return y.detach().clone(), net[0].weight.grad.clone()
+
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    ref_y, ref_g = step()
+    torch.backends.cudnn.benchmark = True
+    same = []
+    for _ in range(3):
+        y, g = step()
+        same.append(bool(torch.allclose(y, ref_y, atol=1e-4)) and bool(torch.allclose(g, ref_g, atol=1e-3)))
+    return {**info, "same": same, "findings": findings(allocator)}
+
+
+def make_activations():
+    return [torch.empty(1 << 20, device="cuda") for _ in range(3)]
+
+
+def memory_history(allocator):
+    """_record_memory_history + _snapshot + _dump_snapshot, read back by
+    torch's own tools (torch.cuda._memory_viz); a block a record_use holds
+    shows its event."""
+    info = setup(allocator)
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    keep = make_activations()
+    dropped = make_activations()
+    del dropped
+    side = torch.cuda.Stream()
+    held = torch.empty(1 << 18, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        held.add_(1)
+    if allocator == "shim":
+        npu_lifetime.record_use(held, side)
+    held_ptr = held.data_ptr()
+    del held
+    snap = torch.cuda.memory._snapshot()
+    path = os.path.join(tempfile.mkdtemp(), "snapshot.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    with open(path, "rb") as f:
+        dumped = pickle.load(f)
+    from torch.cuda import _memory_viz
+
+    tools = {}
+    for name in ("segments", "memory", "compare", "trace_plot", "segment_plot"):
+        try:
+            out = getattr(_memory_viz, name)(snap) if name != "compare" else _memory_viz.compare(snap, snap)
+            tools[name] = len(out) > 0
+        except Exception as err:  # noqa: BLE001 (the tool's own failure is the result)
+            tools[name] = f"{type(err).__name__}: {err}"
+    traces = snap["device_traces"][torch.cuda.current_device()]
+    actions = sorted({e["action"] for e in traces})
+    frames_of_alloc = [f["name"] for e in traces if e["action"] == "alloc" for f in e.get("frames", [])]
+    live = {b["address"]: b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+    keep_frames = [f["name"] for f in live.get(keep[0].data_ptr(), {}).get("frames", [])]
+    held_frames = [f["name"] for seg in snap["segments"] for b in seg["blocks"] if b["address"] == held_ptr
+                   for f in b.get("frames", [])]
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    return {**info, "actions": actions, "alloc_frames_named": "make_activations" in frames_of_alloc,
+            "live_block_frames_named": "make_activations" in keep_frames,
+            "held_shows_event": any("record_use event" in name for name in held_frames),
+            "dumped_same_keys": sorted(dumped) == sorted(snap), "tools": tools, "findings": findings(allocator)}
+
+
+def mem_pool(allocator):
+    """torch.cuda.MemPool + use_mem_pool: allocations inside go to the pool,
+    its snapshot lists them, use_count follows, the pool is released."""
+    info = setup(allocator)
+    pool = torch.cuda.MemPool()
+    counts = [pool.use_count()]
+    with torch.cuda.use_mem_pool(pool):
+        counts.append(pool.use_count())
+        inside = torch.randn(1 << 20, device="cuda")
+    counts.append(pool.use_count())
+    outside = torch.randn(1 << 20, device="cuda")
+    pool_blocks = {b["address"] for seg in pool.snapshot() for b in seg["blocks"] if b["state"] == "active_allocated"}
+    owners = {tuple(seg.get("segment_pool_id", ())) for seg in pool.snapshot()}
+    pool_id = list(pool.id)
+    total = float(inside.sum() + outside.sum())
+    del inside
+    del pool
+    torch.cuda.synchronize()
+    return {**info, "counts": counts, "pool_id": pool_id, "inside_in_pool": len(pool_blocks) == 1,
+            "outside_in_pool": outside.data_ptr() in pool_blocks, "owners": [list(o) for o in sorted(owners)],
+            "finite": total == total, "findings": findings(allocator)}
+
+
+def checkpoint_restore(allocator):
+    """cudagraph trees restore a pool checkpoint when a recording follows
+    graphs that ran while their outputs are still alive: inference outputs
+    kept alive into training, and a second function recorded on the first
+    one's output; every result equal to eager."""
+    info = setup(allocator)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 128)).cuda()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    head = torch.compile(lambda t: (t.sin() * 2).sum(dim=1), mode="reduce-overhead")
+    same, error = [], None
+    try:
+        kept = []
+        with torch.no_grad():
+            for _ in range(4):
+                x = torch.randn(32, 128, device="cuda")
+                out = compiled(x)
+                kept.append((out, model(x)))
+                h = head(out)
+                same.append(bool(torch.allclose(h, (model(x).sin() * 2).sum(dim=1), atol=1e-3)))
+        for _ in range(4):
+            x = torch.randn(32, 128, device="cuda")
+            y = compiled(x)
+            y.sum().backward()
+            grad = model[0].weight.grad.clone()
+            model.zero_grad()
+            model(x).sum().backward()
+            same.append(bool(torch.allclose(grad, model[0].weight.grad, atol=1e-3, rtol=1e-3)))
+            model.zero_grad()
+        same += [bool(torch.allclose(out.clone(), ref, atol=1e-4)) for out, ref in kept[-1:]]
+    except RuntimeError as err:
+        error = str(err)[:2000]
+    return {**info, "same": same, "error": error, "findings": findings(allocator)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])))

@@ -1,0 +1,55 @@
+"""Every allocator entry point torch reaches works under the shim as under
+torch's own allocator (the control, same program): cudnn benchmark
+(cacheInfo), memory history read by torch's own snapshot tools, MemPool,
+and cudagraph trees restoring pool checkpoints with live outputs.  Each
+program runs in a fresh process; skipped without CUDA."""
+import pytest
+
+from gpu_helpers import requires_cuda, run_program
+
+pytestmark = requires_cuda
+ALLOCATORS = ["shim", "native"]
+BRIDGE_ENTRIES = {"cacheInfo", "recordHistory", "snapshot", "createOrIncrefPool", "getPoolUseCount",
+                  "checkPoolLiveAllocations", "getCheckpointState", "setCheckpointPoolState"}
+
+
+def check_backend(r, allocator):
+    if allocator == "shim":
+        assert BRIDGE_ENTRIES <= set(r["hooks"]), r["hooks"]  # the CUDA bridge, not the plain pluggable allocator
+        assert r["backend"] == "npu_lifetime"
+    assert r["findings"] == []
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_cudnn_benchmark_trains_as_without_benchmark(allocator):
+    r = run_program("entry_point_programs.py", "cudnn_benchmark", allocator)
+    check_backend(r, allocator)
+    assert r["same"] == [True] * 3
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_memory_history_is_read_by_torchs_own_tools(allocator):
+    r = run_program("entry_point_programs.py", "memory_history", allocator)
+    check_backend(r, allocator)
+    assert {"alloc", "free_requested", "free_completed"} <= set(r["actions"])
+    assert r["alloc_frames_named"] and r["live_block_frames_named"] and r["dumped_same_keys"]
+    assert all(v is True for v in r["tools"].values()), r["tools"]
+    if allocator == "shim":
+        assert r["held_shows_event"]
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_mem_pool_takes_the_allocations_inside_use_mem_pool(allocator):
+    r = run_program("entry_point_programs.py", "mem_pool", allocator)
+    check_backend(r, allocator)
+    assert r["counts"] == [1, 2, 1]
+    assert r["inside_in_pool"] and not r["outside_in_pool"] and r["finite"]
+    assert r["owners"] == [r["pool_id"]]
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_cudagraph_trees_restore_checkpoints_with_live_outputs(allocator):
+    r = run_program("entry_point_programs.py", "checkpoint_restore", allocator, timeout=600)
+    check_backend(r, allocator)
+    assert r["error"] is None
+    assert r["same"] == [True] * 9
