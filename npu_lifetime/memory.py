@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 from .shim import api
 from .shim import arguments as check
+from .shim.state import installed
 
 # the device type each shim runtime serves (cpu: the simulated runtime)
 _RUNTIME_DEVICE_TYPES = {"cuda": "cuda", "acl": "npu", "sim": "cpu", "none": "cpu"}
@@ -26,8 +27,6 @@ _RUNTIME_DEVICE_TYPES = {"cuda": "cuda", "acl": "npu", "sim": "cpu", "none": "cp
 def _device_index(device) -> int:
     """The shim's device index for torch's ``device`` argument: None (the
     current device), an int, a torch.device or a str ("cuda:1")."""
-    from .shim.install import installed
-
     setup = installed()
     if device is None:
         return _current_index(setup)

@@ -28,7 +28,7 @@ class TorchHandoffDevice:
     LATE_READ_DELAY = {"cuda": 20_000_000, "npu": 50_000_000}
 
     def __init__(self, device_type: str = "cuda") -> None:
-        from ..shim.install import installed
+        from ..shim.state import installed
 
         if device_type not in self.LATE_READ_DELAY:
             raise ValueError(f"device_type must be one of {sorted(self.LATE_READ_DELAY)}, not {device_type!r}")

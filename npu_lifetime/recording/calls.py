@@ -35,7 +35,10 @@ import torch
 
 from .. import simdevice
 from ..shim import api as shim_api
-from ..shim.install import device_stream, installed, stream_handle
+from ..shim import state as shim_state
+from ..shim.install import stream_handle
+from ..shim.state import installed
+from ..shim.streams import device_stream
 from . import watchers
 from .native_fallback import FALLBACK
 
@@ -405,8 +408,6 @@ def _fallback_fast(device_type: str) -> Callable:
     common case does not need left to the checked path (False sends the
     call there): a tensor of this device type, a typed stream of its device
     or None (the current stream), memory to keep, no shim installed since."""
-    from ..shim import install as shim_install
-
     record = FALLBACK.for_device(device_type).record
     if device_type == "cuda":
         flag, stream_type = "is_cuda", torch.cuda.Stream
@@ -421,7 +422,7 @@ def _fallback_fast(device_type: str) -> Callable:
     def fast(tensor, stream) -> bool:
         try:
             if (not getattr(tensor, flag) or _is_compiling() or _dispatch_modes()
-                    or shim_install._installed is not None):
+                    or shim_state._installed is not None):
                 return False
             if stream is None:
                 stream = current(tensor.device)

@@ -170,7 +170,7 @@ class CudaBackend(_TraceBackend):
         return (stream.device_index, stream.cuda_stream)
 
     def live_blocks(self) -> dict:
-        from ..shim.install import installed
+        from ..shim.state import installed
 
         setup = installed()
         if setup is not None and setup.device == "cuda":
@@ -254,7 +254,7 @@ class NpuBackend(_TraceBackend):
         return (stream.device_index, npu_queue.stream_handle(stream))
 
     def live_blocks(self) -> dict:
-        from ..shim.install import installed
+        from ..shim.state import installed
 
         setup = installed()
         if setup is not None and setup.device == "npu":

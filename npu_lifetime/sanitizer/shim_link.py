@@ -20,7 +20,7 @@ class ShimLink:
         return self._subscription is not None
 
     def connect(self) -> bool:
-        from ..shim.install import installed
+        from ..shim.state import installed
 
         setup = installed()
         if setup is None or setup.device != self.sanitizer.backend.device_type:

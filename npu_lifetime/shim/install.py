@@ -3,19 +3,19 @@ the framework's pluggable-allocator API, with every hook the allocator
 object offers wired to the shim (record_stream from Python or C++,
 erase_stream, empty_cache, the memory fraction, graph-capture pools), the
 torch bridge for out-of-memory errors, and torch's memory functions routed
-to the shim's statistics (``torch_api.py``)."""
+to the shim's statistics (``torch_api.py``).  What it set up is kept in
+``state.py``, where the rest of the package reads it."""
 from __future__ import annotations
 
 import ctypes
 import os
 import warnings
-from dataclasses import dataclass
-from typing import Optional
 
 from . import api
 from . import arguments as check
-from . import npu_queue
+from . import npu_queue, state
 from .native import library_path, symbol_address
+from .state import InstallError, Installed, installed  # noqa: F401  (install's names, as before)
 
 # device: (shim runtime, {allocator-object setter: shim entry point})
 _DEVICES = {
@@ -40,29 +40,6 @@ _DEVICES = {
 }
 
 
-class InstallError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class Installed:
-    device: str
-    runtime: str
-    policy: str
-    debug: bool
-    library: str
-    bridge: Optional[str]  # the torch bridge raising torch.OutOfMemoryError, if built
-    hooks: tuple  # the allocator-object setters wired to the shim
-
-
-_installed: Optional[Installed] = None
-
-
-def installed() -> Optional[Installed]:
-    """What ``install`` set up in this process, if anything."""
-    return _installed
-
-
 def install(
     device: str = "cuda",
     policy: str = api.DEFAULT_POLICY,
@@ -78,7 +55,7 @@ def install(
     ``debug=True`` poisons freed blocks and quarantines them (see
     ``npu_lifetime.shim.api.set_debug``).  A call that fails changes nothing.
     """
-    global _installed
+    _installed = state.installed()
     _check_arguments(device, policy, debug, quarantine_bytes)
     if _installed is not None:
         if _installed.device != device:
@@ -87,7 +64,7 @@ def install(
         _configure(policy, debug, quarantine_bytes)
         _installed = Installed(device, _installed.runtime, policy, debug, _installed.library, _installed.bridge,
                                _installed.hooks)
-        return _installed
+        return state.record(_installed)
     runtime, setters = _DEVICES[device]
     memory = _device_memory_module(device)
     try:
@@ -114,7 +91,7 @@ def install(
 
     torch_api.route_memory_functions(device, cuda_bridge=cuda_bridge is not None)
     _installed = Installed(device, runtime, policy, debug, str(library_path()), str(bridge) if bridge else None, wired)
-    return _installed
+    return state.record(_installed)
 
 
 def _change_allocator(device: str, change) -> None:
@@ -268,21 +245,6 @@ def _pluggable_allocator(device: str, memory, entry_points: tuple, entries: dict
             getattr(raw, setter)(address)
             wired.append(setter)
     return allocator, tuple(wired)
-
-
-def device_stream(device: str, stream) -> object:
-    """The device module's Stream for a generic ``torch.Stream``."""
-    if device == "cuda":
-        import torch
-
-        return torch.cuda.Stream(
-            stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
-        )
-    import torch_npu
-
-    return torch_npu.npu.Stream(
-        stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
-    )
 
 
 def stream_handle(stream) -> int:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Optional
 
 from .native import library
+from .state import InstallError
+from .streams import device_stream
 
 _bridge: Optional[ctypes.CDLL] = None
 _STREAM_RESOLVER = "_ZNK7c10_npu9NPUStream6streamEv"  # c10_npu::NPUStream::stream() const
@@ -51,7 +53,6 @@ def build():
     """The NPU bridge's library path, built for this torch_npu if not cached;
     raises InstallError when it cannot be built."""
     from . import bridge
-    from .install import InstallError
 
     try:
         return bridge.build(name=bridge.NPU_BRIDGE)
@@ -118,8 +119,6 @@ def connect(lib: Optional[ctypes.CDLL]) -> None:
         shim.npl_set_npu_stream_resolver(ctypes.cast(getattr(npu, _STREAM_RESOLVER), ctypes.c_void_p).value)
         return
     if shim.npl_set_acl_queue_ops(lib.npl_npu_queue_ops()) != 0:
-        from .install import InstallError
-
         raise InstallError(f"cannot route the shim through torch_npu's task queue: {shim.npl_last_error().decode()}")
     shim.npl_set_npu_stream_resolver(ctypes.cast(lib.npl_npu_resolve_stream, ctypes.c_void_p).value)
     _bridge = lib
@@ -130,8 +129,6 @@ def stream_handle(stream) -> int:
     npu device), without draining torch_npu's task queue."""
     if _bridge is None:  # no shim installed: torch_npu's own route, which drains the queue
         import torch_npu
-
-        from .install import device_stream
 
         if not isinstance(stream, torch_npu.npu.Stream):
             stream = device_stream("npu", stream)
