@@ -35,8 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import memory
-from . import api
+from . import api, memory
 
 
 @dataclass(frozen=True)

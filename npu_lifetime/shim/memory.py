@@ -2,9 +2,9 @@
 
 Under a pluggable allocator torch's own ``torch.cuda.memory_stats()``,
 ``max_memory_allocated()``, ``memory_snapshot()``... raise; after
-``npu_lifetime.install("cuda")`` they are routed here (see
-``npu_lifetime.shim.torch_api``), and these work on every device, the
-simulated runtime included.  Statistics use torch's keys where the meaning
+``npu_lifetime.install("cuda")`` they are routed here (see ``torch_api.py``),
+and these work on every device, the simulated runtime included.  The public
+name is ``npu_lifetime.memory``.  Statistics use torch's keys where the meaning
 is the same ("allocated_bytes.all.current", "active_bytes.all.peak",
 "reserved_bytes.all.current", "num_alloc_retries", "num_ooms", ...) plus the
 shim's own ("pending_bytes.*": freed blocks waiting for other streams'
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .shim import api
-from .shim import arguments as check
-from .shim.state import installed
+from . import api
+from . import arguments as check
+from .state import installed
 
 # the device type each shim runtime serves (cpu: the simulated runtime)
 _RUNTIME_DEVICE_TYPES = {"cuda": "cuda", "acl": "npu", "sim": "cpu", "none": "cpu"}
@@ -165,7 +165,7 @@ def snapshot() -> dict:
     """The shim's state as ``torch.cuda.memory._snapshot()``: segments, and
     device_traces from the allocator trace when it is on (``shim.set_trace``;
     reading it drains it)."""
-    from .viz import lives, memory_viz
+    from ..viz import lives, memory_viz
 
     events = api.trace()
     return memory_viz.build(api.snapshot(), lives.build(events) if events else None)
