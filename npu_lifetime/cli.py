@@ -52,7 +52,7 @@ class Progress:
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    from .fuzz import FuzzConfig, fuzz
+    from .schedules.fuzz import FuzzConfig, fuzz
 
     config = FuzzConfig(
         schedules=args.schedules, seed=args.seed, jobs=args.jobs, max_steps=args.max_steps,

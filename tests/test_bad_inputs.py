@@ -32,7 +32,7 @@ from npu_lifetime import fsdp2, memory, shim
 from npu_lifetime.recording import calls as rec
 from npu_lifetime import simdevice as sd
 from npu_lifetime.cli import main
-from npu_lifetime.fuzz import FuzzConfig
+from npu_lifetime.schedules.fuzz import FuzzConfig
 from npu_lifetime.handoff import RecordUseHandoff, SimHandoffDevice, run_handoff
 from npu_lifetime.recording import RecordUseError
 from npu_lifetime.sanitizer import LifetimeSanitizer

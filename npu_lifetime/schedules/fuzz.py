@@ -20,9 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .schedules.properties import executor_violation
-from .schedules.schedule import Op, Schedule
-from .schedules.strategies import BYTES_PER_STEP, build_schedule, random_schedule
+from .properties import executor_violation
+from .schedule import Op, Schedule
+from .strategies import BYTES_PER_STEP, build_schedule, random_schedule
 
 _PROGRESS_EVERY = 250
 
@@ -151,7 +151,7 @@ def _kind_name(step) -> str:
 
 def check(schedule: Schedule, config: FuzzConfig, seed: int) -> tuple:
     """``(problem or None, check expression, the model's findings)``."""
-    from .schedules.compare import compare
+    from .compare import compare
 
     comparison = compare(schedule)
     if not comparison.agree:
