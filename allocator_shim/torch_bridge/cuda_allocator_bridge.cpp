@@ -244,6 +244,18 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         shim_.incref_pool(device, id.first, id.second);
     }
 
+    // MemPool(use_on_oom=True) lets other allocations take a pool's memory
+    // when the device is out of it; the shim keeps pools apart.  torch's
+    // MemPool turns it off again when it goes, which is what the shim does.
+    void setUseOnOOM(c10::DeviceIndex /*device*/, MempoolId_t /*id*/, bool use_on_oom) override {
+        TORCH_CHECK(!use_on_oom, "npu_lifetime: MemPool(use_on_oom=True) is not supported under the shim; "
+                    "its pools are never used for other allocations");
+    }
+
+    void setNoSplit(c10::DeviceIndex /*device*/, MempoolId_t /*id*/) override {
+        TORCH_CHECK(false, "npu_lifetime: MemPool(no_split=True) is not supported under the shim");
+    }
+
     int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override {
         return shim_.pool_use_count(device, id.first, id.second);
     }

@@ -85,9 +85,9 @@ def memory_history(allocator):
     from torch.cuda import _memory_viz
 
     tools = {}
-    for name in ("segments", "memory", "compare", "trace_plot", "segment_plot"):
+    for name in ("segsum", "trace_plot", "segment_plot"):  # the ones that need no download
         try:
-            out = getattr(_memory_viz, name)(snap) if name != "compare" else _memory_viz.compare(snap, snap)
+            out = getattr(_memory_viz, name)(snap)
             tools[name] = len(out) > 0
         except Exception as err:  # noqa: BLE001 (the tool's own failure is the result)
             tools[name] = f"{type(err).__name__}: {err}"
@@ -123,10 +123,15 @@ def mem_pool(allocator):
     total = float(inside.sum() + outside.sum())
     del inside
     del pool
+    try:
+        torch.cuda.MemPool(use_on_oom=True)
+        refused = False
+    except RuntimeError:
+        refused = True
     torch.cuda.synchronize()
     return {**info, "counts": counts, "pool_id": pool_id, "inside_in_pool": len(pool_blocks) == 1,
             "outside_in_pool": outside.data_ptr() in pool_blocks, "owners": [list(o) for o in sorted(owners)],
-            "finite": total == total, "findings": findings(allocator)}
+            "finite": total == total, "use_on_oom_refused": refused, "findings": findings(allocator)}
 
 
 def checkpoint_restore(allocator):
@@ -141,12 +146,12 @@ def checkpoint_restore(allocator):
     head = torch.compile(lambda t: (t.sin() * 2).sum(dim=1), mode="reduce-overhead")
     same, error = [], None
     try:
-        kept = []
+        kept = []  # outputs kept alive (never read again: later runs overwrite them, as cudagraph trees warn)
         with torch.no_grad():
             for _ in range(4):
                 x = torch.randn(32, 128, device="cuda")
                 out = compiled(x)
-                kept.append((out, model(x)))
+                kept.append(out)
                 h = head(out)
                 same.append(bool(torch.allclose(h, (model(x).sin() * 2).sum(dim=1), atol=1e-3)))
         for _ in range(4):
@@ -158,7 +163,6 @@ def checkpoint_restore(allocator):
             model(x).sum().backward()
             same.append(bool(torch.allclose(grad, model[0].weight.grad, atol=1e-3, rtol=1e-3)))
             model.zero_grad()
-        same += [bool(torch.allclose(out.clone(), ref, atol=1e-4)) for out, ref in kept[-1:]]
     except RuntimeError as err:
         error = str(err)[:2000]
     return {**info, "same": same, "error": error, "findings": findings(allocator)}
