@@ -1,5 +1,24 @@
 """npu_lifetime: allocator-level cross-stream lifetime checking for PyTorch.
 
+Its parts:
+
+- ``shim/``: the Python binding of the native allocator shim
+  (``allocator_shim/``): ``install()``, torch's memory functions over it
+  (``npu_lifetime.memory``);
+- ``recording/``: ``record_use``, ``record_stream``, ``erase_stream``, and
+  record_use's fallback under the native caching allocators;
+- ``lifetime/``: the lifetime model (happens-before and coverage);
+- ``sanitizer/``: the torch front end that feeds the model from a running
+  program;
+- ``simdevice``: simulated streams and events for CPU tensors;
+- ``schedules/``: simulated stream schedules, their oracle and executor, the
+  fuzzer, hypothesis strategies (public as ``npu_lifetime.strategies``);
+- ``handoff/``, ``fsdp2``: FSDP-style hand-offs and FSDP2 migrated to
+  record_use;
+- ``viz/``: pictures of block lifetimes;
+- ``cli`` (``npu-lifetime``), ``pytest_plugin``, and ``user_script``, which
+  runs a user's script for the commands.
+
 The pure-Python parts (``lifetime``, ``schedules``, ``strategies``, ``shim``)
 import without torch; ``install`` and ``record_use`` import it on first use.
 """
