@@ -1,0 +1,134 @@
+"""tests/upstream/run_suites.py's junit/jsonl parsing and its comparison,
+on small synthetic files (torch-free: the runner itself runs on a GPU
+machine, by hand)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parent / "upstream" / "run_suites.py"
+_spec = importlib.util.spec_from_file_location("upstream_run_suites", RUNNER)
+rs = importlib.util.module_from_spec(_spec)
+sys.modules["upstream_run_suites"] = rs
+_spec.loader.exec_module(rs)
+
+
+def junit(tmp_path, name, cases: str):
+    path = tmp_path / name
+    path.write_text(f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{cases}'
+                    "</testsuite></testsuites>")
+    return path
+
+
+NATIVE = """
+<testcase classname="test.test_cuda.TestCuda" name="test_a" time="0.1"/>
+<testcase classname="test.test_cuda.TestCuda" name="test_b" time="0.1"/>
+<testcase classname="test.test_cuda.TestCuda" name="test_c" time="0.1"><skipped type="pytest.skip" message="needs 2 GPUs">skip</skipped></testcase>
+<testcase classname="test.test_cuda.TestCuda" name="test_d" time="0.1"><skipped type="pytest.xfail" message="expected"/></testcase>
+<testcase classname="test.test_cuda.TestMemPool" name="test_e" time="0.1"/>
+"""
+SHIM = """
+<testcase classname="test.test_cuda.TestCuda" name="test_a" time="0.1"/>
+<testcase classname="test.test_cuda.TestCuda" name="test_b" time="0.1"><failure message="AssertionError: 1 != 2">Traceback
+  File "x.py", line 3
+AssertionError: 1 != 2</failure></testcase>
+<testcase classname="test.test_cuda.TestCuda" name="test_c" time="0.1"><skipped type="pytest.skip" message="needs 2 GPUs">skip</skipped></testcase>
+<testcase classname="test.test_cuda.TestCuda" name="test_d" time="0.1"><skipped type="pytest.xfail" message="expected"/></testcase>
+<testcase classname="test.test_cuda.TestMemPool" name="test_e" time="0.1"/>
+<testcase classname="test.test_cuda.TestMemPool" name="test_e" time="0.1"><error message="failed on teardown">leak</error></testcase>
+<testcase classname="test.test_cuda.TestMemPool" name="test_f" time="0.1"/>
+"""
+
+
+def test_parse_junit_outcomes(tmp_path):
+    native = rs.parse_junit(junit(tmp_path, "n.xml", NATIVE))
+    shim = rs.parse_junit(junit(tmp_path, "s.xml", SHIM))
+    assert native["test.test_cuda.TestCuda::test_a"].outcome == "passed"
+    assert native["test.test_cuda.TestCuda::test_c"].outcome == "skipped"
+    assert native["test.test_cuda.TestCuda::test_d"].outcome == "xfailed"
+    assert shim["test.test_cuda.TestCuda::test_b"].outcome == "failed"
+    assert "AssertionError: 1 != 2" in shim["test.test_cuda.TestCuda::test_b"].message
+    # a passed call followed by a teardown error is an error
+    assert shim["test.test_cuda.TestMemPool::test_e"].outcome == "error"
+    assert rs.counts(native) == {"passed": 3, "failed": 0, "error": 0, "skipped": 1, "xfailed": 1, "timeout": 0,
+                                 "total": 5}
+    assert rs.counts(shim)["total"] == 6
+
+
+def test_compare_lists_every_difference(tmp_path):
+    native = rs.parse_junit(junit(tmp_path, "n.xml", NATIVE))
+    shim = rs.parse_junit(junit(tmp_path, "s.xml", SHIM))
+    comparison = rs.compare({"native": native, "shim": shim})
+    assert not comparison["same_pass_set"]
+    diffs = {d["test"]: d for d in comparison["differences"]}
+    assert set(diffs) == {"test.test_cuda.TestCuda::test_b", "test.test_cuda.TestMemPool::test_e",
+                          "test.test_cuda.TestMemPool::test_f"}
+    assert diffs["test.test_cuda.TestMemPool::test_f"]["outcomes"] == {"native": "absent", "shim": "passed"}
+    assert "1 != 2" in diffs["test.test_cuda.TestCuda::test_b"]["messages"]["shim"]
+    markdown = rs.render_markdown({"suites": {"test_cuda": comparison}})
+    assert "same pass set: NO; differences: 3" in markdown
+    assert "| native | 3 | 0 | 0 | 1 | 1 | 0 | 5 |" in markdown
+
+
+def test_same_runs_compare_equal(tmp_path):
+    native = rs.parse_junit(junit(tmp_path, "n.xml", NATIVE))
+    again = rs.parse_junit(junit(tmp_path, "m.xml", NATIVE))
+    comparison = rs.compare({"native": native, "shim": again})
+    assert comparison["same_pass_set"] and comparison["differences"] == []
+
+
+def test_jsonl_of_a_killed_run(tmp_path):
+    lines = [
+        {"event": "start", "nodeid": "test/test_cuda.py::TestCuda::test_a"},
+        {"event": "report", "nodeid": "test/test_cuda.py::TestCuda::test_a", "when": "call", "outcome": "passed"},
+        {"event": "end", "nodeid": "test/test_cuda.py::TestCuda::test_a"},
+        {"event": "start", "nodeid": "test/test_cuda.py::TestCuda::test_b"},
+        {"event": "report", "nodeid": "test/test_cuda.py::TestCuda::test_b", "when": "setup", "outcome": "failed",
+         "message": "boom"},
+        {"event": "end", "nodeid": "test/test_cuda.py::TestCuda::test_b"},
+        {"event": "start", "nodeid": "test/test_cuda.py::TestCuda::test_hang"},
+    ]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"event": "rep')
+    results = rs.parse_jsonl(path)
+    assert {k: r.outcome for k, r in results.items()} == {
+        "test.test_cuda.TestCuda::test_a": "passed",
+        "test.test_cuda.TestCuda::test_b": "error",
+        "test.test_cuda.TestCuda::test_hang": "timeout",
+    }
+
+
+def test_node_ids_and_selection(tmp_path):
+    assert rs.nodeid_to_id("test/inductor/test_cudagraph_trees.py::CudaGraphTreeTests::test_x") == \
+        "test.inductor.test_cudagraph_trees.CudaGraphTreeTests::test_x"
+    node = rs._node_for("test.test_cuda.TestCuda::test_x", tmp_path, "test/test_cuda.py")
+    assert node == f"{tmp_path}/test/test_cuda.py::TestCuda::test_x"
+    args = rs.parse_args([str(tmp_path), "-k", "graph", "--allocator", "shim", "--serial"])
+    assert args.allocators == ("shim",) and args.serial and args.suites == list(rs.SUITES)
+    assert rs.selection("test_cudagraph_trees", args) == "(graph)"
+    assert "not TestCudaMallocAsync" in rs.selection("test_cuda", args)
+    assert rs.selection("test_cuda", rs.parse_args([str(tmp_path), "--whole"])) is None
+
+
+def test_help_and_missing_upstream(tmp_path):
+    out = subprocess.run([sys.executable, str(RUNNER), "--help"], capture_output=True, text=True, check=True)
+    assert "--allocator" in out.stdout and "--timeout" in out.stdout
+    missing = subprocess.run([sys.executable, str(RUNNER), str(tmp_path), "--out", str(tmp_path / "o")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "SOURCES.txt" in missing.stderr
+
+
+def test_compare_only_on_saved_runs(tmp_path):
+    for allocator, cases in (("native", NATIVE), ("shim", SHIM)):
+        folder = tmp_path / "o" / "test_cuda" / allocator
+        folder.mkdir(parents=True)
+        junit(folder, "junit.xml", cases)
+    out = subprocess.run([sys.executable, str(RUNNER), str(tmp_path), "--out", str(tmp_path / "o"),
+                          "--compare-only", "-s", "test_cuda"], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    assert "test.test_cuda.TestCuda::test_b" in out.stdout
+    saved = json.loads((tmp_path / "o" / "comparison.json").read_text())
+    assert len(saved["suites"]["test_cuda"]["differences"]) == 3
