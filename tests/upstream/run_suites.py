@@ -212,6 +212,12 @@ def render_markdown(comparison: dict, title: str = "torch's allocator tests: nat
             lines.append(f"| {name} | " + " | ".join(str(tally.get(o, 0)) for o in OUTCOMES)
                          + f" | {tally['total']} |")
         lines.append("")
+        for name, run in block.get("runs", {}).items():
+            state = "TIMED OUT" if run.get("timed_out") else f"exit {run.get('returncode')}"
+            lines.append(f"- {name}: {state}, {run.get('elapsed_s')}s, backend {run.get('allocator_backend')}"
+                         + (f", shim findings {run.get('shim_findings')}" if name == "shim" and run.get("shim_findings") is not None else "")
+                         + (f", ERROR {run['error']}" if run.get("error") else ""))
+        lines.append("")
         lines.append(f"same pass set: {'yes' if block['same_pass_set'] else 'NO'}; "
                      f"differences: {len(block['differences'])}")
         lines.append("")

@@ -28,7 +28,8 @@ import pytest
 ENV_ALLOCATOR = "NPU_LIFETIME_UPSTREAM_ALLOCATOR"
 ENV_OUT = "NPU_LIFETIME_UPSTREAM_OUT"
 
-_state = {"allocator": "native", "installed": None, "findings": {}, "out": None, "started": time.time()}
+_state = {"allocator": "native", "installed": None, "findings": {}, "out": None, "started": time.time(),
+          "error": None}
 
 
 def _out_path(name: str):
@@ -57,7 +58,8 @@ def pytest_configure(config) -> None:
         try:
             installed = npu_lifetime.install("cuda")
         except Exception as err:  # noqa: BLE001 - reported, then the run stops
-            _write_report(error=f"npu_lifetime.install('cuda') failed: {err!r}")
+            _state["error"] = f"npu_lifetime.install('cuda') failed: {err!r}"
+            _write_report()
             raise pytest.UsageError(f"shim run: npu_lifetime.install('cuda') failed: {err!r}") from err
         _state["installed"] = repr(installed)
 
@@ -116,7 +118,7 @@ def _backend() -> str:
         return f"unknown ({err!r})"
 
 
-def _write_report(error: str | None = None) -> None:
+def _write_report() -> None:
     path = _out_path("report.json")
     if not path:
         return
@@ -130,7 +132,7 @@ def _write_report(error: str | None = None) -> None:
         "allocator": _state["allocator"],
         "allocator_backend": _backend(),
         "installed": _state["installed"],
-        "error": error,
+        "error": _state["error"],
         "python": sys.version.split()[0],
         "versions": versions,
         "elapsed_s": round(time.time() - _state["started"], 1),
