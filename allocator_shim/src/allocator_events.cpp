@@ -1,20 +1,17 @@
-// The caching allocator's events: pooled per device, recorded, held by
-// freed blocks, polled, and waited on by the host on the out-of-memory path.
+// The caching allocator's events: created, recorded, held by freed blocks,
+// polled, and waited on by the host on the out-of-memory path: the runtime
+// calls and the block states they decide.  The idle events, the record order,
+// the pending blocks' FIFOs and the deferred frees are an EventQueues
+// (event_queues.h), which states their invariants.
 #include <algorithm>
-#include <iterator>
 
 #include "caching_allocator.h"
 
 namespace npl {
 
 Event CachingAllocator::acquire_event(int device) {
-    auto& pool = event_pool_[device];
-    if (!pool.empty()) {
-        Event e = pool.back();
-        pool.pop_back();
-        return e;
-    }
-    Event e = nullptr;
+    Event e = events_.take_idle(device);
+    if (e != nullptr) return e;
     int code = 0;
     if (rt_->event_create(&e, device, &code) != Status::ok) {
         runtime_error("event_create", code, nullptr, nullptr);
@@ -23,8 +20,6 @@ Event CachingAllocator::acquire_event(int device) {
     dstats(device).count(CounterId::events_created);
     return e;
 }
-
-void CachingAllocator::release_event(Event e, int device) { event_pool_[device].push_back(e); }
 
 void CachingAllocator::destroy_event(Event e, int device) {
     int code = 0;
@@ -37,7 +32,7 @@ bool CachingAllocator::record(Event e, Stream stream, Block* b, const char* op) 
         runtime_error(op, code, b, stream);
         return false;
     }
-    event_seq_++;
+    events_.note_record();
     dstats(b->device).count(CounterId::events_recorded);
     return true;
 }
@@ -52,7 +47,7 @@ void CachingAllocator::hold(Block* b, const HeldEvent& h) {
         }
         // one stream runs in order: the later record subsumes the earlier
         const HeldEvent& older = mine.seq < h.seq ? mine : h;
-        release_event(older.event, older.device);
+        events_.make_idle(older.event, older.device);
         if (mine.seq < h.seq) mine = HeldEvent{h.stream, h.event, h.device, h.seq, h.must_fire || mine.must_fire};
         else mine.must_fire = mine.must_fire || h.must_fire;
         return;
@@ -67,7 +62,7 @@ bool CachingAllocator::drop_fired_events(Block* b) {
         int code = 0;
         Status s = rt_->event_query(h.event, &code);
         if (s == Status::ok) {
-            release_event(h.event, h.device);
+            events_.make_idle(h.event, h.device);
             continue;
         }
         if (s != Status::not_ready) runtime_error("event_query", code, b, h.stream);
@@ -116,17 +111,7 @@ void CachingAllocator::synchronize_held_events(int device) {
         int code = 0;
         if (rt_->event_synchronize(e, &code) != Status::ok) runtime_error("event_synchronize", code, b, stream);
     };
-    for (auto& entry : event_fifos_) {
-        const PendingEvent* last = nullptr;
-        for (const PendingEvent& pe : entry.second) {
-            if (pe.block->device != device) continue;
-            last = &pe;
-            for (const HeldEvent& h : pe.block->held) {
-                if (!gates(h)) wait(h.event, pe.block, h.stream);
-            }
-        }
-        if (last != nullptr) wait(last->event, last->block, entry.first);
-    }
+    events_.for_each_to_wait(device, [&](const HeldEvent& h) { return gates(h); }, wait);
     for (auto& entry : segments_) {
         if (entry.second->device != device) continue;
         for (Block* b = entry.second->first; b != nullptr; b = b->next) {
@@ -144,76 +129,37 @@ void CachingAllocator::process_events() {
     process_events_locked();
 }
 
-// A block not ready for its pool waits in the FIFO of each stream it holds a
-// gating event of, kept in record order (nearly always an append).
-void CachingAllocator::enqueue_pending(Block* b) {
-    for (const HeldEvent& h : b->held) {
-        if (!gates(h)) continue;
-        std::deque<PendingEvent>& fifo = event_fifos_[h.stream];
-        auto at = fifo.end();
-        while (at != fifo.begin() && std::prev(at)->seq > h.seq) --at;
-        fifo.insert(at, PendingEvent{h.event, b, h.seq});
-        b->gates++;
-    }
-}
-
 // Polls each stream's FIFO head-first, stopping at the first event that has
 // not fired (the later ones on that stream were recorded after it); a block
 // whose gating events all fired leaves for its pool (or the quarantine).
 // Never while a capture is underway.
 void CachingAllocator::process_events_locked() {
     if (queries_frozen()) return;
-    std::vector<Block*> ready;
-    for (auto& entry : event_fifos_) {
-        std::deque<PendingEvent>& fifo = entry.second;
-        if (thawed_ && !fifo.empty() && capturing(entry.first)) continue;  // pools are open: ask
-        while (!fifo.empty()) {
-            const PendingEvent head = fifo.front();
+    std::vector<Block*> ready = events_.poll(
+        [&](Stream stream) { return thawed_ && capturing(stream); },  // pools are open: ask
+        [&](Stream stream, Event e, const Block* b) {
             int code = 0;
-            Status s = rt_->event_query(head.event, &code);
-            if (s != Status::ok) {
-                if (s != Status::not_ready) runtime_error("event_query", code, head.block, entry.first);
-                break;
-            }
-            fifo.pop_front();
-            Block* b = head.block;
-            for (auto h = b->held.begin(); h != b->held.end(); ++h) {
-                if (h->event != head.event) continue;
-                release_event(h->event, h->device);
-                b->held.erase(h);
-                break;
-            }
-            if (--b->gates == 0) ready.push_back(b);
-        }
-    }
+            Status s = rt_->event_query(e, &code);
+            if (s != Status::ok && s != Status::not_ready) runtime_error("event_query", code, b, stream);
+            return s == Status::ok;
+        });
     for (Block* b : ready) settle(b);
 }
 
 // After a policy or debug-mode change: which events gate a pending block
 // changed, so every pending block is settled again.
 void CachingAllocator::regate_pending() {
-    std::vector<Block*> blocks;
-    for (auto& entry : event_fifos_) {
-        for (const PendingEvent& pe : entry.second) {
-            if (pe.block->gates == 0) continue;  // seen already
-            pe.block->gates = 0;
-            blocks.push_back(pe.block);
-        }
-        entry.second.clear();
-    }
-    for (Block* b : blocks) settle(b);
+    for (Block* b : events_.unqueue_all()) settle(b);
 }
 
 // Frees made during a capture get their events now that none is underway.
 void CachingAllocator::process_deferred() {
     if (queries_frozen()) return;
-    std::vector<Block*> blocks;
-    blocks.swap(deferred_);
-    for (Block* b : blocks) {
+    for (Block* b : events_.take_deferred()) {
         bool stream_capturing = false;
         for (const StreamUse& u : b->uses) stream_capturing = stream_capturing || (u.recorded && capturing(u.stream));
         if (stream_capturing) {
-            deferred_.push_back(b);
+            events_.defer(b);
             continue;
         }
         finish_free(b);

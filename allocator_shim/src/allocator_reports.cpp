@@ -158,19 +158,13 @@ void CachingAllocator::reset() {
         if (rt_->free(seg->base, seg->device, &code) != Status::ok) runtime_error("free", code, nullptr, nullptr);
         delete seg;
     }
-    for (auto& entry : event_pool_) {
-        for (Event e : entry.second) destroy_event(e, entry.first);
-    }
+    events_.clear([&](Event e, int device) { destroy_event(e, device); });
     for (Block* b : spare_blocks_) delete b;
     segments_.clear();
     pools_.clear();
     last_pool_ = nullptr;
     book_.clear();
-    event_fifos_.clear();
-    pending_blocks_ = 0;
-    deferred_.clear();
     spare_blocks_.clear();
-    event_pool_.clear();
     stream_devices_.clear();
     graph_pools_.clear();
     quarantine_.clear();

@@ -71,7 +71,7 @@ struct Block {
     std::vector<StreamUse> uses;
     std::vector<HeldEvent> held;
     std::vector<Stream> last_streams;  // debug mode: the other streams of the last owner
-    uint32_t gates = 0;                // pending: its entries in the per-stream event FIFOs
+    uint32_t gates = 0;                // pending: its entries in the per-stream event FIFOs (event_queues.h)
     bool poisoned = false;             // debug mode: filled with the poison when quarantined
 
     bool split() const { return prev != nullptr || next != nullptr; }
@@ -81,15 +81,6 @@ struct Block {
         }
         return false;
     }
-};
-
-// A pending block's gating event, in its stream's FIFO (CachingAllocator::
-// event_fifos_): entries are ordered by record, so the head is the first
-// to fire and polling stops at the first head that has not.
-struct PendingEvent {
-    Event event;
-    Block* block;
-    uint64_t seq;
 };
 
 struct Segment {

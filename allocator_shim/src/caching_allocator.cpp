@@ -53,7 +53,7 @@
 // whose event can't be recorded waits for the stream on the host, else stays
 // deferred and is retried; record_use without an event falls back to
 // record_stream.  A pending block waits in the FIFO of each stream it holds
-// a gating event of (event_fifos_, kept in record order); polling pops each
+// a gating event of (EventQueues, kept in record order); polling pops each
 // FIFO's head while it has fired and stops at the first that has not, and a
 // block leaves when its last gate fired.  Queried only when no graph capture
 // is underway (torch forbids event queries during capture): pending blocks
@@ -91,7 +91,8 @@
 // point in a build with -DNPL_CHECK_INVARIANTS.
 //
 // Locking.  One mutex, mu_, guards every block, segment, pool, event,
-// statistic, the address book, graph pools, quarantine and trace.  Runtime
+// statistic, the address book, the event queues, graph pools, quarantine
+// and trace (none of those classes has a lock of its own).  Runtime
 // calls happen under it (as in torch's allocator).  The findings queue has
 // its own lock, taken after mu_.  No callback into the caller runs under
 // mu_ (the sanitizer's hooks run in exports.cpp, outside it).
@@ -273,10 +274,10 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
     if (!capture) {
-        if (!deferred_.empty()) process_deferred();
+        if (events_.any_deferred()) process_deferred();
         // Pending blocks may have become reusable; never poll from a stream
         // captured without torch's knowledge either.
-        if (pending_blocks_ != 0 && !capturing(stream)) process_events_locked();
+        if (events_.pending_blocks() != 0 && !capturing(stream)) process_events_locked();
     }
     Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
     Block* b = take_cached(p, rounded, stream);
@@ -431,7 +432,7 @@ bool CachingAllocator::wait_for_held(Block* b, Stream stream) {
         dstats(b->device).count(CounterId::stream_waits);
         waited = true;
     }
-    for (const HeldEvent& h : b->held) release_event(h.event, h.device);
+    for (const HeldEvent& h : b->held) events_.make_idle(h.event, h.device);
     b->held.clear();
     if (waited) trace(TraceKind::reuse_wait, b, stream);
     return true;
@@ -610,10 +611,10 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
         b->last_streams.clear();
         for (const StreamUse& u : b->uses) b->last_streams.push_back(u.stream);
     }
-    if (!b->uses.empty() && !graph_pools_.any_capture_underway() && !deferred_.empty()) process_deferred();
+    if (!b->uses.empty() && !graph_pools_.any_capture_underway() && events_.any_deferred()) process_deferred();
     if (!b->uses.empty() && needs_capture_deferral(b)) {
         b->state = BlockState::deferred;
-        deferred_.push_back(b);
+        events_.defer(b);
         s.add(StatId::pending, b->small, 1);
         s.add(StatId::pending_bytes, b->small, n);
         s.count(CounterId::capture_deferred_frees);
@@ -698,10 +699,10 @@ void CachingAllocator::finish_free(Block* b) {
         if (u.recorded) {
             if (u.event == nullptr) u.event = acquire_event(ev_device);
             if (u.event != nullptr && record(u.event, u.stream, b, "record_event(free)")) {
-                hold(b, HeldEvent{u.stream, u.event, ev_device, event_seq_, true});
+                hold(b, HeldEvent{u.stream, u.event, ev_device, events_.last_record(), true});
                 continue;
             }
-            if (u.event != nullptr) release_event(u.event, ev_device);
+            if (u.event != nullptr) events_.make_idle(u.event, ev_device);
             u.event = nullptr;
             int code = 0;
             if (rt_->stream_synchronize(u.stream, &code) != Status::ok) {
@@ -715,7 +716,7 @@ void CachingAllocator::finish_free(Block* b) {
             int code = 0;
             Status s = frozen ? Status::not_ready : rt_->event_query(u.event, &code);
             if (s == Status::ok) {  // the unrecorded use already finished
-                release_event(u.event, ev_device);
+                events_.make_idle(u.event, ev_device);
                 continue;
             }
             Finding f = about(b, "unrecorded_use", "free");
@@ -735,7 +736,7 @@ void CachingAllocator::finish_free(Block* b) {
             trace(TraceKind::pending, b, nullptr);
         }
         b->state = BlockState::deferred;
-        deferred_.push_back(b);
+        events_.defer(b);
         return;
     }
     if (!b->held.empty()) dstats(b->device).count(CounterId::deferred_frees);
@@ -768,12 +769,12 @@ void CachingAllocator::settle(Block* b) {
             s.add(StatId::pending_bytes, b->small, n);
             trace(TraceKind::pending, b, nullptr);
         }
-        if (b->state != BlockState::pending) pending_blocks_++;
         b->state = BlockState::pending;
-        enqueue_pending(b);
+        for (const HeldEvent& h : b->held) {  // it waits in the FIFO of each stream it holds a gating event of
+            if (gates(h)) events_.enqueue(b, h);
+        }
         return;
     }
-    if (b->state == BlockState::pending) pending_blocks_--;
     if (was_pending) {
         s.add(StatId::pending, b->small, -1);
         s.add(StatId::pending_bytes, b->small, -n);
@@ -888,7 +889,7 @@ int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bo
         trace(TraceKind::record_stream, b, stream);
         return 0;
     }
-    u.seq = event_seq_;
+    u.seq = events_.last_record();
     u.noted = noted;
     trace(noted ? TraceKind::note_use : TraceKind::record_use, b, stream);
     return 0;

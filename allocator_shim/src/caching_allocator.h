@@ -17,6 +17,7 @@
 #include "npu_lifetime_shim.h"
 #include "address_book.h"
 #include "block.h"
+#include "event_queues.h"
 #include "findings.h"
 #include "graph_pools.h"
 #include "quarantine.h"
@@ -149,13 +150,11 @@ class CachingAllocator {
     Block* block_containing(void* ptr) const;  // a live block, else nullptr
 
     // events
-    Event acquire_event(int device);
-    void release_event(Event e, int device);
+    Event acquire_event(int device);  // an idle event, else a new one
     bool record(Event e, Stream stream, Block* b, const char* op);
     void hold(Block* b, const HeldEvent& h);  // keeps one event per stream: the later
     bool gates(const HeldEvent& h) const;  // must it fire before the block enters its pool?
     bool ready_for_pool(const Block* b) const;
-    void enqueue_pending(Block* b);
     void regate_pending();
     bool drop_fired_events(Block* b);
     void drop_fired_events_of_cached(int device);
@@ -192,20 +191,14 @@ class CachingAllocator {
     Pool* last_pool_ = nullptr;
     AddressBook book_;
     std::map<char*, Segment*> segments_;
-    // Pending blocks wait in the FIFO of each stream they hold a gating event
-    // of, ordered by record; polled head-first (torch's per-stream deques).
-    std::unordered_map<Stream, std::deque<PendingEvent>> event_fifos_;
-    size_t pending_blocks_ = 0;
-    std::vector<Block*> deferred_;
+    EventQueues events_;  // idle events, record order, pending blocks' FIFOs, deferred frees
     std::vector<Block*> spare_blocks_;
-    std::unordered_map<int, std::vector<Event>> event_pool_;
     std::unordered_map<Stream, int> stream_devices_;
     GraphPools graph_pools_;
     Quarantine quarantine_;
     TraceRing trace_;
     std::deque<DeviceStats> stats_;  // a deque: pools keep pointers into it
     std::vector<double> fractions_;  // per device; 0: no limit
-    uint64_t event_seq_ = 0;
     static thread_local char* claim_;
     int claims_ = 0;
     bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device  // threads with a claim pending: the allocation path reads claim_ only then

@@ -13,12 +13,9 @@
 #include <unordered_set>
 
 #include "caching_allocator.h"
+#include "invariants.h"
 
 namespace npl {
-
-namespace {
-
-constexpr size_t kMaxReported = 32;
 
 std::string hex(const void* p) {
     std::ostringstream out;
@@ -30,6 +27,10 @@ std::string where(const Block* b) {
     return "block " + hex(b->ptr) + " (" + std::to_string(b->size) + " B, device " + std::to_string(b->device) +
            ", stream " + hex(b->stream) + ")";
 }
+
+namespace {
+
+constexpr size_t kMaxReported = 32;
 
 // The statistics a walk of the blocks can recount (the others are event
 // counts or peaks).
@@ -192,45 +193,8 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
     for (const auto& entry : cached_in) cached_blocks += entry.second;
     if (cached_total != cached_blocks) fail("cached blocks outside any pool's set");
 
-    // The per-stream FIFOs hold exactly the gating events of pending blocks,
-    // in record order.
-    std::unordered_map<const Block*, uint32_t> entries;
-    for (const auto& entry : event_fifos_) {
-        const PendingEvent* prev_entry = nullptr;
-        for (const PendingEvent& pe : entry.second) {
-            const Block* b = pe.block;
-            entries[b]++;
-            if (b->state != BlockState::pending) fail(where(b) + " is in an event FIFO but not pending");
-            bool held = false;
-            for (const HeldEvent& h : b->held) {
-                held = held || (h.event == pe.event && h.stream == entry.first && h.seq == pe.seq && gates(h));
-            }
-            if (!held) fail(where(b) + " waits in stream " + hex(entry.first) + "'s FIFO on an event it does not hold");
-            if (prev_entry != nullptr && prev_entry->seq > pe.seq) {
-                fail("stream " + hex(entry.first) + "'s FIFO is out of record order");
-            }
-            prev_entry = &pe;
-        }
-    }
-    size_t listed_pending = entries.size();
-    for (const auto& entry : entries) {
-        size_t gating = 0;
-        for (const HeldEvent& h : entry.first->held) gating += gates(h) ? 1 : 0;
-        if (entry.second != entry.first->gates || gating != entry.second) {
-            fail(where(entry.first) + " counts " + std::to_string(entry.first->gates) + " gates, has " +
-                 std::to_string(entry.second) + " FIFO entries and " + std::to_string(gating) + " gating events");
-        }
-    }
-    if (listed_pending != pending_blocks || pending_blocks_ != pending_blocks) {
-        fail("pending blocks: " + std::to_string(pending_blocks) + " walked, " + std::to_string(listed_pending) +
-             " in the event FIFOs, " + std::to_string(pending_blocks_) + " counted");
-    }
-    std::unordered_set<const Block*> seen;
-    for (const Block* b : deferred_) {
-        if (b->state != BlockState::deferred) fail(where(b) + " is on the deferred list but not deferred");
-        if (!seen.insert(b).second) fail(where(b) + " is on the deferred list twice");
-    }
-    if (deferred_.size() != deferred_blocks) fail("the deferred list does not hold every deferred block");
+    // The events of freed blocks (event_queues.h states their invariants).
+    events_.check(fail, [&](const HeldEvent& h) { return gates(h); }, pending_blocks, deferred_blocks);
     size_t q_bytes = 0;
     for (const Block* b : quarantine_.blocks()) {
         if (b->state != BlockState::quarantined) fail(where(b) + " is in the quarantine but not quarantined");
@@ -241,9 +205,9 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
     }
 
     // Idle events are nobody's.
-    for (const auto& entry : event_pool_) {
-        for (Event e : entry.second) note_event(e, "the event pool of device " + std::to_string(entry.first));
-    }
+    events_.for_each_idle([&](Event e, int device) {
+        note_event(e, "the event pool of device " + std::to_string(device));
+    });
 
     // The address book: every live entry is a live block at that address,
     // every freed one on its bounded list of freed addresses.
