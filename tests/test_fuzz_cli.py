@@ -44,6 +44,7 @@ def test_fuzz_says_what_it_compares_and_what_it_generated(capsys):
     assert "compared: the lifetime model vs its independent oracle" in out
     assert "steps/min" in out and "steps per schedule: min" in out
     assert "step kinds:" in out and "op " in out and "adopt " in out and "delete_event " in out
+    assert "spawn " in out and "switch " in out and "join " in out
     assert "events inside ops:" in out and "reuse_race" in out
 
 
@@ -52,6 +53,10 @@ def test_fuzz_says_what_it_compares_and_what_it_generated(capsys):
     ("npu_lifetime.lifetime.model.LifetimeModel._check_reuse", lambda self, *a: None),
     # ops: their accesses fed before their own in-op events (the old front end's fault)
     ("npu_lifetime.schedules.runner.access_point", lambda events, stream: 0),
+    # host threads: the model keeps one host clock for every thread
+    ("npu_lifetime.lifetime.model.LifetimeModel.set_host", lambda self, host: None),
+    # data races: an access checked against the last write only (nor a write against reads)
+    ("npu_lifetime.lifetime.model._races", lambda storage, s, acc, vc, priors, found: {}),
 ])
 def test_the_oracle_catches_a_broken_rule(monkeypatch, capsys, broken, what):
     monkeypatch.setattr(broken, what)

@@ -71,6 +71,7 @@ def test_generated_schedules_contain_every_kind_and_are_long():
                 kinds["in-op " + type(inner).__name__] += 1
     expected = {"Alloc", "Adopt", "View", "Read", "Write", "Free", "RecordStream", "EraseStream", "RecordUse",
                 "RecordEvent", "WaitEvent", "SyncEvent", "QueryEvent", "WaitStream", "SyncStream", "SyncDevice",
-                "DeleteEvent", "Op", "in-op WaitEvent", "in-op RecordEvent", "in-op SyncStream", "in-op SyncDevice"}
+                "DeleteEvent", "Op", "in-op WaitEvent", "in-op RecordEvent", "in-op SyncStream", "in-op SyncDevice",
+                "Spawn", "Switch", "Join"}
     assert expected <= set(kinds), expected - set(kinds)
     assert sum(lengths) / len(lengths) > 15 and max(lengths) >= 35

@@ -78,6 +78,33 @@ def test_write_after_read_race_names_the_latest_racing_read_per_stream():
     assert ("data_race", 5, 4) in findings(*steps)
 
 
+def test_a_read_races_with_an_earlier_write_the_last_write_raced_with():
+    # W1 on U and W2 on W race; the read on W follows W2 but not W1.  The
+    # model checked the last write only and missed it.
+    steps = (*CREATE, WaitStream(W, A), Write(0, U), Write(0, W), Read(0, W))
+    found = findings(*steps)
+    assert ("data_race", 6, 4) in found and ("data_race", 6, 5) not in found
+
+
+def test_the_minimal_missed_race_the_fuzzer_found():
+    # the read on U follows U's write, not the allocation on A that write raced with
+    steps = (Alloc(0, A, 0), Write(0, U), Read(0, U))
+    assert [k for k in findings(*steps) if k[0] == "data_race"] == [("data_race", 1, 0), ("data_race", 2, 0)]
+
+
+def test_a_write_races_with_a_read_an_earlier_write_raced_with():
+    # the write on W raced with U's read; the next write on W is still not
+    # ordered after that read
+    steps = (*CREATE, Read(0, U), WaitStream(W, A), Write(0, W), Write(0, W))
+    assert ("data_race", 6, 3) in findings(*steps)
+
+
+def test_an_unrecorded_wait_is_no_finding_and_orders_nothing():
+    # the contract: a wait on an event never recorded is a no-op, as on the device
+    steps = (Alloc(0, A, 0), WaitEvent(U, 0), Read(0, U))
+    assert [k[0] for k in findings(*steps)] == ["data_race", "uncovered_free"]
+
+
 def test_uncovered_free_names_the_last_uncovered_use():
     steps = (*CREATE, Read(0, U), RecordUse(0, U), Read(0, U), Write(0, U), Free(0))
     assert [k for k in findings(*steps) if k[0] == "uncovered_free"] == [

@@ -15,7 +15,19 @@ clock (``fork_host``), and joining a thread takes in its clock
 (``join_host``).  A wait on one thread covers nothing another thread frees.
 
 An access at ``(U, c)`` happens before a point with clock ``P`` iff
-``P[U] >= c``.  A free of a block allocated on ``A`` is covered for a use
+``P[U] >= c``.
+
+Data races.  An access races with every earlier access of the storage,
+either of them a write, that does not happen before it (the allocation is a
+write).  It is checked against the writes no later write is ordered after
+(usually one, the last write; after a race between writes, each of them)
+and, if it writes, against the latest read per stream that no write is
+ordered after; every other earlier access is ordered before one of those,
+so nothing racing is missed.  (Checking the last write only missed a read
+ordered after the last write but not after an earlier write that write
+raced with.)
+
+A free of a block allocated on ``A`` is covered for a use
 ``(U, c)`` iff the use happens before one of the release points the
 allocator waits for before handing the block out again:
 
@@ -94,7 +106,7 @@ class _Stream:
 class _Storage:
     __slots__ = (
         "address", "size", "alloc_stream", "alloc_site",
-        "last_write", "reads", "last_use", "last_write_on", "recorded", "use_cover",
+        "last_write", "concurrent_writes", "reads", "last_use", "last_write_on", "recorded", "use_cover",
         "previous", "raced",
     )
 
@@ -103,8 +115,11 @@ class _Storage:
         self.size = size
         self.alloc_stream = alloc_stream
         self.alloc_site = alloc_site
-        # Data-race state: the last write and the latest read per stream since.
+        # Data-race state: the last write, the earlier writes it is not ordered
+        # after (by stream; None while the writes are ordered, as usual), and per
+        # stream the latest read that no write is ordered after.
         self.last_write: Access = allocation
+        self.concurrent_writes: Optional[dict] = None
         self.reads: dict = {}
         # Lifetime state: the latest use and write per stream, recorded
         # streams, and the pointwise maximum of the clocks of every record_use.
@@ -287,8 +302,11 @@ class LifetimeModel:
 
     def synchronize_stream(self, stream: Stream, site: Site = None) -> None:
         """The host waited for ``stream`` (``site``: where, for the reason a
-        latent free gives; may be a zero-argument callable)."""
-        self._host_join([self._now(stream)], site)
+        latent free gives; may be a zero-argument callable).  It queues
+        nothing: the stream's clock must not take in this host's (another
+        thread's later operations on the stream would look ordered after
+        what this one waited for)."""
+        self._host_join([self._stream(stream).vc], site)
 
     def synchronize_device(self, device: Optional[int] = None, site: Site = None) -> None:
         self._host_join(
@@ -433,14 +451,17 @@ class LifetimeModel:
         prior = s.last_write
         if prior.stream != stream and vc.get(prior.stream, 0) < prior.clock:
             found.append(DataRace(storage, s.address, acc, prior, s.alloc_site))
+        if s.concurrent_writes is not None:
+            _races(storage, s, acc, vc, s.concurrent_writes, found)
         if is_write:
-            for read in s.reads.values():
-                if read.stream != stream and vc.get(read.stream, 0) < read.clock:
-                    found.append(DataRace(storage, s.address, acc, read, s.alloc_site))
+            if s.reads:
+                s.reads = _races(storage, s, acc, vc, s.reads, found)
+            # the writes acc is not ordered after stay beside it; the rest are before it
+            s.concurrent_writes = (
+                {f.prior.stream: f.prior for f in found if f.prior.is_write} or None if found else None
+            )
             s.last_write = acc
             s.last_write_on[stream] = acc
-            if s.reads:
-                s.reads = {}
         else:
             s.reads[stream] = acc
         s.last_use[stream] = acc
@@ -699,6 +720,17 @@ class LifetimeModel:
                 for finding in found:
                     self.on_finding(finding)
         return found
+
+
+def _races(storage, s: _Storage, acc: Access, vc: Clock, priors: dict, found: list) -> dict:
+    """Appends a race for each of ``priors`` (stream -> access) that ``acc``
+    (at clock ``vc``) is not ordered after; returns those, by stream."""
+    racing: dict = {}
+    for prior in priors.values():
+        if prior.stream != acc.stream and vc.get(prior.stream, 0) < prior.clock:
+            found.append(DataRace(storage, s.address, acc, prior, s.alloc_site))
+            racing[prior.stream] = prior
+    return racing
 
 
 _NOT_FREED = object()

@@ -12,6 +12,7 @@ from .schedule import (
     DeleteEvent,
     EraseStream,
     Free,
+    Join,
     Op,
     QueryEvent,
     Read,
@@ -20,6 +21,8 @@ from .schedule import (
     RecordUse,
     Schedule,
     ScheduleError,
+    Spawn,
+    Switch,
     SyncDevice,
     SyncEvent,
     SyncStream,
@@ -30,8 +33,8 @@ from .schedule import (
 )
 
 __all__ = [
-    "Adopt", "Alloc", "Comparison", "DeleteEvent", "Op", "EraseStream", "Execution", "Free", "QueryEvent", "Read",
-    "RecordEvent", "RecordStream", "RecordUse", "Schedule", "ScheduleError", "SyncDevice",
+    "Adopt", "Alloc", "Comparison", "DeleteEvent", "Op", "EraseStream", "Execution", "Free", "Join", "QueryEvent",
+    "Read", "RecordEvent", "RecordStream", "RecordUse", "Schedule", "ScheduleError", "Spawn", "Switch", "SyncDevice",
     "SyncEvent", "SyncStream", "View", "WaitEvent", "WaitStream", "Write", "compare",
     "delay_stream", "execute", "executor_violation", "oracle_disagreement", "feed", "finding_key", "random_order",
     "run_model", "run_oracle",

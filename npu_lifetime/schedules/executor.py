@@ -2,9 +2,14 @@
 dependencies allow, over a memory of tagged cells.
 
 Each stream is a FIFO queue; a wait blocks its queue until the awaited event
-record has run; host synchronisations block the host (which issues steps in
-order) until what they wait for has run.  A ``policy`` picks which ready
-stream runs next, so a test can try random orders or an adversarial one.
+record has run.  The host issues the steps in order without running the
+device: a host synchronisation instead gates what its thread issues later
+(each later operation of that thread waits for what the synchronisation
+waited for), as a blocked host thread would, and ``Spawn``/``Join`` pass a
+thread's gates on.  A synchronisation on one thread therefore orders
+nothing another thread issues.  Once every step is issued the device runs,
+a ``policy`` picking which ready queue runs next, so a test can try random
+orders or an adversarial one.
 
 At every free the executor does what a caching allocator may do: it hands
 the block to a new owner as soon as the allocation stream has reached the
@@ -33,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .schedule import (
-    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
-    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Join, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, Spawn, Switch, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 Policy = Callable[[list], int]  # ready queues (sorted) -> the one to run
@@ -102,14 +107,6 @@ class _Device:
         self.next_token += 1
         return self.next_token
 
-    def record(self, stream: int) -> int:
-        t = self.token()
-        self.queues[stream].append(_Op("record", token=t))
-        return t
-
-    def wait(self, stream: int, token: Optional[int]) -> None:
-        self.queues[stream].append(_Op("wait", token=token))
-
     def ready(self, stream: int) -> bool:
         q = self.queues[stream]
         return bool(q) and (q[0].kind != "wait" or q[0].token is None or q[0].token in self.done_tokens)
@@ -152,13 +149,42 @@ class _Device:
 
 
 class _Host:
-    """Issues the schedule's steps to the device in order."""
+    """Issues the schedule's steps to the device in order, from its threads."""
 
     def __init__(self, schedule: Schedule, device: _Device, allocator_waits: bool) -> None:
         self.schedule = schedule
         self.d = device
         self.blocks: dict = {}
         self.allocator_waits = allocator_waits
+        self.gates: dict = {0: set()}  # running thread -> tokens its host waits waited for
+        self.thread = 0
+        self.waited = [set() for _ in range(schedule.streams)]  # tokens each stream waited for
+
+    # -- queueing, behind the issuing thread's host waits ------------------------
+    def put(self, stream: int, op: _Op) -> None:
+        queue, waited = self.d.queues[stream], self.waited[stream]
+        for token in sorted(self.gates[self.thread] - waited):
+            queue.append(_Op("wait", token=token))
+            waited.add(token)
+        queue.append(op)
+
+    def record(self, stream: int) -> int:
+        token = self.d.token()
+        self.put(stream, _Op("record", token=token))
+        return token
+
+    def wait(self, stream: int, token: Optional[int]) -> None:
+        self.put(stream, _Op("wait", token=token))
+
+    def reached(self, stream: int) -> int:
+        """A token that fires once what is queued on ``stream`` now has run:
+        for a host wait, which queues nothing (so not behind its gates)."""
+        token = self.d.token()
+        self.d.queues[stream].append(_Op("record", token=token))
+        return token
+
+    def host_waits(self, *tokens: Optional[int]) -> None:
+        self.gates[self.thread].update(t for t in tokens if t is not None)
 
     def step(self, i: int, s) -> None:
         d = self.d
@@ -168,8 +194,8 @@ class _Host:
                 self.blocks[s.tensor] = _Block(i, s.stream, cells)
                 if self.allocator_waits:
                     for token in {d.reuse_token[c] for c in cells if c in d.reuse_token}:
-                        d.wait(s.stream, token)
-                d.queues[s.stream].append(_Op("alloc", i, i, cells))
+                        self.wait(s.stream, token)
+                self.put(s.stream, _Op("alloc", i, i, cells))
             case Adopt():
                 cells = range(s.address, s.address + s.size)
                 self.blocks[s.tensor] = _Block(i, s.stream, cells)
@@ -195,38 +221,44 @@ class _Host:
                 self.blocks[s.tensor].recorded[s.stream] = isinstance(s, RecordStream)
             case RecordUse():
                 b = self.blocks[s.tensor]
-                if not b.freed:
-                    b.use_tokens.append(d.record(s.stream))
+                if not b.freed and s.stream != b.stream:  # on its own stream the allocator records nothing
+                    b.use_tokens.append(self.record(s.stream))
             case Free():
                 self.free(self.blocks[s.tensor])
             case RecordEvent():
-                d.event_token[s.event] = d.record(s.stream)
+                d.event_token[s.event] = self.record(s.stream)
             case WaitEvent():
-                d.wait(s.stream, d.event_token.get(s.event))
+                self.wait(s.stream, d.event_token.get(s.event))
             case WaitStream():
-                d.wait(s.waiter, d.record(s.waitee))
+                self.wait(s.waiter, self.record(s.waitee))
             case SyncEvent() | QueryEvent():
-                token = d.event_token.get(s.event)
-                d.run_until(lambda: token is None or token in d.done_tokens)
+                self.host_waits(d.event_token.get(s.event))
             case SyncStream():
-                d.run_until(lambda: not d.queues[s.stream])
+                self.host_waits(self.reached(s.stream))
             case SyncDevice():
-                streams = [q for k, q in enumerate(d.queues[: self.schedule.streams])
-                           if s.device is None or self.schedule.device_of(k) == s.device]
-                d.run_until(lambda: not any(streams))
+                self.host_waits(*(
+                    self.reached(k) for k in range(self.schedule.streams)
+                    if s.device is None or self.schedule.device_of(k) == s.device
+                ))
+            case Spawn():
+                self.gates[s.thread] = set(self.gates[self.thread])
+            case Switch():
+                self.thread = s.thread
+            case Join():
+                self.host_waits(*self.gates.pop(s.thread))
 
     def access(self, i: int, tensor: int, stream: int, is_write: bool) -> None:
         b = self.blocks[tensor]
         if not b.freed:
-            self.d.queues[stream].append(_Op("access", i, b.storage, b.cells, is_write))
+            self.put(stream, _Op("access", i, b.storage, b.cells, is_write))
 
     def free(self, b: _Block) -> None:
         if b.freed:
             return
         b.freed = True
         d = self.d
-        held = [d.record(b.stream), *b.use_tokens]
-        held += [d.record(r) for r, on in b.recorded.items() if on and r != b.stream]
+        held = [self.record(b.stream), *b.use_tokens]  # the records are behind the free's host waits
+        held += [self.record(r) for r, on in b.recorded.items() if on and r != b.stream]
         reuse = _Op("reuse", storage=b.storage, cells=b.cells, token=d.token())
         d.queues.append(deque([*(_Op("wait", token=t) for t in held), reuse]))
         for cell in b.cells:
@@ -234,9 +266,8 @@ class _Host:
 
 
 def execute(schedule: Schedule, policy: Policy, allocator_waits: bool = True) -> Execution:
-    """Runs ``schedule`` to completion on a simulated device, choosing the
-    next queue to run with ``policy`` whenever the host has to wait and at
-    the end."""
+    """Issues ``schedule`` to a simulated device, then runs it to completion,
+    choosing the next queue to run with ``policy``."""
     device = _Device(schedule, policy)
     host = _Host(schedule, device, allocator_waits)
     for i, step in enumerate(schedule.steps):

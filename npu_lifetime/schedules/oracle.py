@@ -9,6 +9,28 @@ model's compressed per-stream state.  An ``Op``'s accesses are placed where
 the step says the device runs them (after its ``before`` events, before its
 ``after`` events), not inferred.
 
+Host threads: each thread has its own last host node.  A device operation
+a thread queues follows its stream's last node and its thread's; a host wait
+adds a node after the thread's and what it waited for; ``Spawn`` starts the
+child at its parent's node, ``Join`` adds a node after both threads'.  A free
+is released from the freeing thread's node, so a wait on another thread
+covers nothing.  What a thread queues carries its host waits along: the
+event ``wait_stream`` records on the waitee, and ``record_use``'s event
+(none on the allocation stream: the allocator records nothing there).
+
+Data races, from the contract ("a cross-stream access not ordered after a
+conflicting write, or a write not ordered after earlier reads"): an access
+races with every earlier access of the storage, either of them a write,
+that does not reach it; the allocation is a write.  Of those, it reports
+each racing write that no later write follows (a racing write before
+another adds nothing: that one races too) and, per stream, the latest
+racing read that no later write follows.
+
+A wait on an event never recorded (or deleted since) is a no-op, as on the
+device: it orders nothing and is not a finding (the contract: README, "A
+wait on an event never recorded is a no-op, as on the device, and not a
+finding").
+
 Reuse races: when a storage is freed, the uses no release point reaches stay
 with it; a storage allocated later over an overlapping range checks each of
 its accesses against all of them, directly in the graph.
@@ -20,8 +42,8 @@ from typing import Optional
 
 from . import keys
 from .schedule import (
-    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
-    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Join, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, Spawn, Switch, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 
@@ -73,20 +95,26 @@ class _Oracle:
         self.schedule = schedule
         self.g = _Graph()
         self.last: dict = {s: None for s in range(schedule.streams)}
-        self.host: Optional[int] = None
+        self.thread_node: dict = {0: None}  # running host thread -> its last node
+        self.thread = 0  # the one issuing
         self.event_node: dict = {e: None for e in range(schedule.events)}
         self.storage_of: dict = {}
         self.freed: list = []  # freed storages, in free order
         self.found: list = []
 
+    @property
+    def host(self) -> Optional[int]:
+        """The issuing thread's last node."""
+        return self.thread_node[self.thread]
+
     def op(self, stream: int, *extra: Optional[int]) -> int:
-        """A device operation queued on ``stream`` by the host, now."""
+        """A device operation queued on ``stream`` by the issuing thread, now."""
         n = self.g.node(self.last[stream], self.host, *extra)
         self.last[stream] = n
         return n
 
     def host_waits(self, *nodes: Optional[int]) -> None:
-        self.host = self.g.node(self.host, *nodes)
+        self.thread_node[self.thread] = self.g.node(self.host, *nodes)
 
     def step(self, i: int, s) -> None:
         match s:
@@ -111,7 +139,7 @@ class _Oracle:
                     st.record_log.append((s.stream, isinstance(s, RecordStream)))
             case RecordUse():
                 st = self.live(i, s.tensor)
-                if st:
+                if st and s.stream != st.stream:  # on its own stream the allocator records nothing
                     st.record_use_nodes.append(self.op(s.stream))
             case RecordEvent():
                 self.event_node[s.event] = self.op(s.stream)
@@ -121,8 +149,8 @@ class _Oracle:
                 self.op(s.stream, self.recorded(i, s.event))
             case SyncEvent() | QueryEvent():
                 self.host_waits(self.recorded(i, s.event))
-            case WaitStream():
-                self.op(s.waiter, self.last[s.waitee])
+            case WaitStream():  # an event recorded on the waitee, by this thread, then waited
+                self.op(s.waiter, self.op(s.waitee))
             case SyncStream():
                 self.host_waits(self.last[s.stream])
             case SyncDevice():
@@ -130,6 +158,12 @@ class _Oracle:
                     n for stream, n in self.last.items()
                     if s.device is None or self.schedule.device_of(stream) == s.device
                 ))
+            case Spawn():
+                self.thread_node[s.thread] = self.host
+            case Switch():
+                self.thread = s.thread
+            case Join():
+                self.host_waits(self.thread_node.pop(s.thread))
 
     def run_op(self, i: int, op: Op) -> None:
         """The op's ``before`` events, its kernels' accesses, its ``after`` events."""
@@ -151,10 +185,8 @@ class _Oracle:
             self.step(i, event)
 
     def recorded(self, i: int, event: int) -> Optional[int]:
-        node = self.event_node[event]
-        if node is None:
-            self.found.append(keys.unrecorded_event_wait(i))
-        return node
+        """The event's record node; None (waits for nothing) if unrecorded."""
+        return self.event_node[event]
 
     def live(self, i: int, tensor: int) -> Optional[_Storage]:
         st = self.storage_of[tensor]
@@ -170,16 +202,24 @@ class _Oracle:
 
     def access_storage(self, i: int, st: _Storage, stream: int, is_write: bool) -> None:
         node = self.op(stream)
-        last_write = max(k for k, u in enumerate(st.history) if u.is_write)
-        prior = st.history[last_write]
-        if not self.g.reaches(prior.node, node):
-            self.found.append(keys.race(i, prior.step))
-        if is_write:
-            racing = [u for u in st.history[last_write + 1:] if not self.g.reaches(u.node, node)]
-            for u in _latest_per_stream(racing):
-                self.found.append(keys.race(i, u.step))
+        racing = self.racing(st.history, node, is_write)
+        writes = [u for u in racing if u.is_write]
+        reads = _latest_per_stream([u for u in racing if not u.is_write])
+        for u in writes + reads:
+            self.found.append(keys.race(i, u.step))
         st.history.append(_Use(i, stream, node, is_write))
         self.check_reuse(i, st, node, is_write)
+
+    def racing(self, history: list, node: int, is_write: bool) -> list:
+        """The earlier conflicting uses that do not reach ``node`` and that
+        no later write follows (those others are before a racing write)."""
+        out = []
+        for k, u in enumerate(history):
+            if (u.is_write or is_write) and not self.g.reaches(u.node, node):
+                later_writes = (w for w in history[k + 1:] if w.is_write)
+                if not any(self.g.reaches(u.node, w.node) for w in later_writes):
+                    out.append(u)
+        return out
 
     def check_reuse(self, i: int, st: _Storage, node: int, is_write: bool) -> None:
         """Each use an earlier owner's free left uncovered must reach this

@@ -1,6 +1,13 @@
 """Feeds a schedule to the lifetime model, step by step, the way the torch
 front end feeds a program: an ``Op``'s in-op events arrive first and its
-accesses after them, put back in place by ``lifetime.op_order``."""
+accesses after them, put back in place by ``lifetime.op_order``.  Host
+thread steps become the model's ``fork_host`` / ``set_host`` /
+``join_host``; thread 0 is the model's default host (``None``).
+
+A wait on an event never recorded is a no-op on the device and not a
+finding (the contract: BRIEF's semantics, README, design/sanitizer.md); the
+model still reports it as ``UnrecordedEventWait`` for front ends to drop,
+and ``run_model`` drops it as the sanitizer does."""
 from __future__ import annotations
 
 from ..lifetime import (
@@ -15,8 +22,8 @@ from ..lifetime import (
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point
 from . import keys
 from .schedule import (
-    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
-    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Join, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, Spawn, Switch, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 
@@ -36,7 +43,7 @@ def run_model(schedule: Schedule) -> list:
     """The model's findings on ``schedule``, flushed at its end, as keys."""
     model = LifetimeModel()
     feed(schedule, model)
-    return keys.sort(finding_key(f) for f in model.flush())
+    return keys.sort(finding_key(f) for f in model.flush() if not isinstance(f, UnrecordedEventWait))
 
 
 def finding_key(finding) -> tuple:
@@ -72,6 +79,11 @@ def _adopt(m, s: Adopt, i, storage_of):
 
 def _view(m, s: View, i, storage_of):
     storage_of[s.tensor] = storage_of[s.base]
+
+
+def _host(thread: int):
+    """The model's host for a schedule thread (0: the model's default)."""
+    return None if thread == 0 else thread
 
 
 def _delete_event(m, s: DeleteEvent, i, storage_of):
@@ -126,4 +138,7 @@ _STEP = {
     WaitStream: lambda m, s, i, st: m.wait_stream(s.waiter, s.waitee),
     SyncStream: lambda m, s, i, st: m.synchronize_stream(s.stream),
     SyncDevice: lambda m, s, i, st: m.synchronize_device(s.device),
+    Spawn: lambda m, s, i, st: m.fork_host(_host(s.thread)),
+    Switch: lambda m, s, i, st: m.set_host(_host(s.thread)),
+    Join: lambda m, s, i, st: m.join_host(_host(s.thread)),
 }

@@ -6,6 +6,18 @@ created them gives them (``Alloc``, ``Adopt`` or ``View``).  Addresses and
 sizes are in abstract cells: two storages overlap when their
 ``[address, address + size)`` ranges do.
 
+Host threads.  The steps are the issue order of every host thread
+together; thread 0 (the main thread) issues from the start.  ``Spawn(t)``:
+the current thread starts thread ``t``, which begins ordered after what
+its starter has waited for.  ``Switch(t)``: a running thread ``t`` issues
+the steps that follow.  ``Join(t)``: the current thread waits for thread
+``t`` to end and is then ordered after what ``t`` waited for; ``t`` may be
+spawned again.  A host wait (``SyncStream``, ``SyncEvent``, ``QueryEvent``,
+``SyncDevice``) orders only what its own thread issues later (and, through
+``Spawn`` and ``Join``, what the threads it starts and joins issue): a sync
+on one thread covers nothing another thread frees.  Device order is shared:
+a stream runs what any thread queued on it in issue order.
+
 ``repr(schedule)`` is valid Python once ``from npu_lifetime.schedules import *``
 has run, so a failing schedule can be pasted back as a reproducer.
 """
@@ -128,6 +140,24 @@ class DeleteEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Spawn:
+    """The current host thread starts thread ``thread`` (not running; not 0)."""
+    thread: int
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """Running thread ``thread`` issues the steps that follow."""
+    thread: int
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """The current thread joins running thread ``thread`` (neither itself nor 0)."""
+    thread: int
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One op queued on ``stream`` that reads ``reads`` and writes ``writes``
     (each storage once: a write if any of its tensors is written, in the
@@ -149,18 +179,45 @@ class Op:
 Step = Union[
     Alloc, Adopt, View, Read, Write, Free, RecordStream, EraseStream, RecordUse,
     RecordEvent, WaitEvent, SyncEvent, QueryEvent, WaitStream, SyncStream, SyncDevice,
-    DeleteEvent, Op,
+    DeleteEvent, Spawn, Switch, Join, Op,
 ]
 
 TENSOR_STEPS = (Read, Write, Free, RecordStream, EraseStream, RecordUse)
 HOST_SYNCS = (SyncStream, SyncEvent, QueryEvent, SyncDevice)
+THREAD_STEPS = (Spawn, Switch, Join)
 # what an op may issue before its kernels, and after them
 _BEFORE = (WaitEvent, RecordEvent)
 _AFTER = (RecordEvent, WaitEvent, *HOST_SYNCS)
 
 
 class ScheduleError(ValueError):
-    """A schedule that names a stream, event or tensor it does not have."""
+    """A schedule that names a stream, event, tensor or thread it does not have."""
+
+
+class _Threads:
+    """Which host threads run, and which issues, while a schedule is checked."""
+
+    def __init__(self) -> None:
+        self.running = {0}
+        self.current = 0
+
+    def problem(self, step) -> str:
+        t = step.thread
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            return f"a thread is an int >= 0, not {type(t).__name__} {t!r}"
+        if isinstance(step, Spawn):
+            if t in self.running:
+                return f"thread {t} is already running"
+            self.running.add(t)
+        elif t not in self.running:
+            return f"thread {t} is not running"
+        elif isinstance(step, Switch):
+            self.current = t
+        elif t in (0, self.current):
+            return "thread 0 and the current thread cannot be joined"
+        else:
+            self.running.discard(t)
+        return ""
 
 
 @dataclass(frozen=True)
@@ -185,8 +242,9 @@ class Schedule:
 
     def validate(self) -> None:
         tensors: set = set()
+        threads = _Threads()
         for index, step in enumerate(self.steps):
-            problem = self._problem(step, tensors)
+            problem = threads.problem(step) if isinstance(step, THREAD_STEPS) else self._problem(step, tensors)
             if problem:
                 raise ScheduleError(f"step {index} {step!r}: {problem}")
 
@@ -223,6 +281,8 @@ class Schedule:
         if unknown:
             return f"unknown tensor {unknown[0]}"
         for inner in (*op.before, *op.after):
+            if isinstance(inner, THREAD_STEPS):
+                return f"an op issues device events and host waits, not {inner!r}"
             problem = self._problem(inner, tensors)
             if problem:
                 return f"in the op: {problem}"

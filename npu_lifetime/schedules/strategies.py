@@ -14,9 +14,11 @@ one (a split block); freed cells are reused only by an allocation on the
 stream that allocated them last, or on any stream of their device once that
 device has been synchronised since (the memory went back to the driver).
 They include storages that existed before tracking (``Adopt``), deleted
-events, two devices with per-device syncs, and ops that issue events of
+events, two devices with per-device syncs, ops that issue events of
 their own (``Op``: barriers before the kernels, records and host syncs
-after).
+after), and up to ``MAX_THREADS`` host threads (``Spawn``, ``Switch``,
+``Join``; a deleted ``Spawn`` turns its thread's ``Switch``/``Join`` steps
+into ones on the threads left, or drops them, so threads shrink away).
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from typing import Optional
 from hypothesis import strategies as st
 
 from .schedule import (
-    Adopt, Alloc, DeleteEvent, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream,
-    RecordUse, Schedule, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
+    Adopt, Alloc, DeleteEvent, EraseStream, Free, Join, Op, QueryEvent, Read, RecordEvent, RecordStream,
+    RecordUse, Schedule, Spawn, Switch, SyncDevice, SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 # Each kind's weight is how often it appears in this list.  Byte value 0 is
@@ -38,9 +40,11 @@ KINDS = (
     "view", "record_stream", "record_use", "erase_stream",
     "record_event", "wait_event", "wait_stream", "wait_stream",
     "sync_stream", "sync_event", "sync_device", "delete_event", "adopt",
+    "spawn", "switch", "switch", "join",
 )
 BYTES_PER_STEP = 4
 BLOCK_CELLS = 16
+MAX_THREADS = 3  # host threads 0 .. MAX_THREADS-1
 _PIECES = ((0, 16), (0, 8), (8, 8), (0, 4), (4, 4), (8, 4), (12, 4))  # (offset, cells)
 
 
@@ -66,6 +70,8 @@ class _Builder:
     cells_of: dict = field(default_factory=dict)  # root tensor -> range of cells
     recorded_events: set = field(default_factory=set)
     next_tensor: int = 0
+    threads: list = field(default_factory=lambda: [0])  # running host threads
+    thread: int = 0  # the one issuing
 
     def __post_init__(self) -> None:
         self.cells = [_Cell() for _ in range(self.blocks * BLOCK_CELLS)]
@@ -267,6 +273,36 @@ class _Builder:
             after = (self._record(e, stream), SyncEvent(e))
         return before, after
 
+    # -- host threads ---------------------------------------------------------------
+    def _spawn(self, a: int, b: int, c: int) -> None:
+        """Starts a thread; half the time it issues what follows."""
+        idle = [t for t in range(1, MAX_THREADS) if t not in self.threads]
+        if idle:
+            t = idle[a % len(idle)]
+            self.steps.append(Spawn(t))
+            self.threads.append(t)
+            if b % 2:
+                self._switch_to(t)
+
+    def _switch(self, a: int, b: int, c: int) -> None:
+        others = [t for t in self.threads if t != self.thread]
+        if others:
+            self._switch_to(others[a % len(others)])
+
+    def _switch_to(self, thread: int) -> None:
+        self.steps.append(Switch(thread))
+        self.thread = thread
+
+    def _join(self, a: int, b: int, c: int) -> None:
+        """The current thread joins another (the main thread joins the current one)."""
+        joinable = self.threads[1:]
+        if joinable:
+            t = joinable[a % len(joinable)]
+            if t == self.thread:
+                self._switch_to(0)
+            self.steps.append(Join(t))
+            self.threads.remove(t)
+
     def _sync_device_cells(self, device: Optional[int]) -> None:
         for cell_index, cell in enumerate(self.cells):
             if device is None or self._block_device(cell_index // BLOCK_CELLS) == device:
@@ -282,7 +318,8 @@ def build_schedule(
     for i in range(0, usable, BYTES_PER_STEP):
         kind, a, b, c = data[i:i + BYTES_PER_STEP]
         builder.add(KINDS[kind % len(KINDS)], a, b, c)
-    return Schedule(streams, events, tuple(builder.steps), devices)
+    steps = builder.steps[:usable // BYTES_PER_STEP]  # at most a step per four bytes (a spawn may add a switch)
+    return Schedule(streams, events, tuple(steps), devices)
 
 
 def raw_steps(max_steps: int = 30, min_steps: int = 0):
