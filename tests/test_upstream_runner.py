@@ -132,3 +132,28 @@ def test_compare_only_on_saved_runs(tmp_path):
     assert "test.test_cuda.TestCuda::test_b" in out.stdout
     saved = json.loads((tmp_path / "o" / "comparison.json").read_text())
     assert len(saved["suites"]["test_cuda"]["differences"]) == 3
+
+
+def test_selection_matches_class_and_test_names_only():
+    """The plugin's selection ignores the file's path (pytest's -k would match
+    ".gl/upstream" against "stream" and select every test)."""
+    sys.path.insert(0, str(RUNNER.parent))
+    try:
+        import shim_plugin
+    finally:
+        sys.path.remove(str(RUNNER.parent))
+    expression = rs.SUITES["test_cuda"][1]
+    picks = {
+        ".gl/upstream/test/test_cuda.py::TestCudaArchList::test_get_arch_list_empty_when_cuda_not_compiled": False,
+        ".gl/upstream/test/test_cuda.py::TestCuda::test_record_stream": True,
+        ".gl/upstream/test/test_cuda.py::TestCuda::test_cublas_allow_tf32_get_set": False,
+        ".gl/upstream/test/test_cuda.py::TestMemPool::test_mempool_id": True,
+        ".gl/upstream/test/test_cuda.py::TestCudaAllocator::test_allocator_fuzz": True,
+        ".gl/upstream/test/test_cuda.py::TestBlockStateAbsorption::test_simple": True,
+        ".gl/upstream/test/test_cuda.py::TestCudaMallocAsync::test_memory_snapshot": False,
+        ".gl/upstream/test/test_cuda.py::TestCuda::test_cachingAllocator_raw_alloc": True,
+        ".gl/upstream/test/test_cuda.py::TestCudaAutocast::test_autocast_rnn": False,
+    }
+    for nodeid, expected in picks.items():
+        assert shim_plugin.selected(nodeid, expression) is expected, nodeid
+    assert shim_plugin.selected("a/b.py::C::test_x", "test_x and not C2")

@@ -40,30 +40,39 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 SITE = HERE / "site"  # sitecustomize.py: the shim in every test subprocess
+STUBS = HERE / "stubs"  # psutil stand-in, only where the real one is missing
 ALLOCATORS = ("native", "shim")
 
 # The allocator-relevant parts of torch's tests: a pytest -k expression per
-# file (None: the whole file).
+# file (None: the whole file).  pytest matches -k words case-insensitively
+# against the test's name and its class's name.
 #
 # test_cuda.py: the device caching allocator's contract as torch states it
 # to users: allocation/free/caching and empty_cache, memory statistics,
 # snapshots and history, the memory fraction and OOM behaviour, MemPool and
 # graph-private pools, CUDA graphs (capture allocates from private pools),
 # record_stream and the stream/event ordering the allocator relies on, and
-# cudnn (benchmark mode allocates workspaces through the allocator).  The
-# classes TestMemPool and TestBlockStateAbsorption (graph pools' block
-# states) are taken whole.  Left out: TestCudaMallocAsync, whose tests
-# compare torch's two built-in backends (native vs cudaMallocAsync: backend
-# switching, PYTORCH_CUDA_ALLOC_CONF parsing, per-backend expectations) and
-# mostly skip or assert backend-specific internals under a pluggable
-# allocator; and autocast, optimizers, kernels, GDS, arch and other
-# classes that never touch the allocator beyond allocating.
+# cudnn (benchmark mode allocates workspaces through the allocator), the
+# cuBLAS workspaces (allocated through it and checked with its statistics),
+# non-blocking copies, autocast's cache-leak check (memory_allocated).  Whole
+# classes: TestCudaAllocator (snapshots, history, allocator settings, OOM,
+# raw_alloc, fuzz), TestMemPool, TestBlockStateAbsorption (graph pools'
+# block states and checkpoints), and, through their names,
+# TestCachingHostAllocatorCudaGraph and TestFXMemoryProfiler.  Left out:
+# autocast, optimizers (TestCudaOptims keeps only its graph tests),
+# compiled kernels, GDS, green contexts, arch lists, blas settings: they
+# never touch the allocator beyond allocating.  TestCudaMallocAsync (older
+# torch versions; the copy in SOURCES.txt has none) compares torch's two
+# built-in backends (native vs cudaMallocAsync: backend switching,
+# PYTORCH_CUDA_ALLOC_CONF parsing, per-backend expectations) and is left out
+# should a newer or older copy have it.
 # test_cudagraph_trees.py: whole, since inductor's CUDA-graph trees are
 # built on the allocator's private pools, checkpointing and block states.
 TEST_CUDA_KEYWORDS = (
-    "caching_allocator", "allocator", "memory", "mem_get_info", "record_stream", "graph", "mempool",
-    "mem_pool", "snapshot", "empty_cache", "memory_fraction", "oom", "cudnn", "stream", "event",
-    "TestMemPool", "TestBlockStateAbsorption",
+    "caching_allocator", "cachingAllocator", "allocator", "memory", "mem_get_info", "record_stream", "graph",
+    "mempool", "mem_pool", "pool", "snapshot", "empty_cache", "memory_fraction", "oom", "cudnn", "stream",
+    "event", "workspace", "non_blocking", "cache_leak",
+    "TestCudaAllocator", "TestMemPool", "TestBlockStateAbsorption",
 )
 SUITES = {
     "test_cuda": ("test/test_cuda.py",
@@ -251,20 +260,35 @@ class Run:
     report: dict = field(default_factory=dict)
 
 
-def pytest_command(python: str, upstream: Path, path: str, keywords, junit: Path, extra: list) -> list:
+def pytest_command(python: str, upstream: Path, path: str, junit: Path, extra: list) -> list:
     command = [python, "-m", "pytest", str(upstream / path), "-p", "shim_plugin", "-c", os.devnull,
                f"--rootdir={upstream / 'test'}", f"--junitxml={junit}", "-o", "junit_family=xunit1", "-q", "-rN", "--tb=short",
                "-p", "no:cacheprovider"]
-    if keywords:
-        command += ["-k", keywords]
     return command + list(extra)
 
 
-def environment(allocator: str, upstream: Path, out: Path, slow: bool) -> dict:
+_HAS_PSUTIL: dict = {}
+
+
+def needs_psutil_stub(python: str) -> bool:
+    """Whether ``python`` lacks psutil (test_cuda.py imports it at module level)."""
+    if python not in _HAS_PSUTIL:
+        probe = subprocess.run([python, "-c", "import psutil"], capture_output=True)
+        _HAS_PSUTIL[python] = probe.returncode == 0
+    return not _HAS_PSUTIL[python]
+
+
+def environment(allocator: str, upstream: Path, out: Path, slow: bool, site: bool = True,
+                python: str = sys.executable, keywords: str | None = None) -> dict:
     env = dict(os.environ)
+    env.pop("NPU_LIFETIME_UPSTREAM_SELECT", None)
+    if keywords:
+        env["NPU_LIFETIME_UPSTREAM_SELECT"] = keywords  # shim_plugin applies it to class/test names
     paths = [str(HERE), str(REPO), str(upstream / "test")]
-    if allocator == "shim":
+    if allocator == "shim" and site:
         paths.insert(0, str(SITE))
+    if needs_psutil_stub(python):
+        paths.append(str(STUBS))
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -321,9 +345,9 @@ def run_suite_allocators(suite: str, upstream: Path, allocators, keywords, out: 
     for allocator in allocators:
         run_out = out / suite / allocator
         run = Run(suite, allocator, run_out)
-        command = pytest_command(args.python, upstream, path, keywords, run_out / "junit.xml",
+        command = pytest_command(args.python, upstream, path, run_out / "junit.xml",
                                  list(args.pytest_args) + list(extra))
-        env = environment(allocator, upstream, run_out, args.slow)
+        env = environment(allocator, upstream, run_out, args.slow, args.site, args.python, keywords)
         runs[allocator] = run
         if serial:
             run_one(run, command, env, args.timeout, log)
@@ -356,11 +380,11 @@ def confirm(suite: str, block: dict, upstream: Path, out: Path, args, log) -> No
         for allocator in diff["outcomes"]:
             run_out = out / "confirm" / suite / f"{index:03d}" / allocator
             run = Run(suite, allocator, run_out)
-            command = pytest_command(args.python, upstream, path, None, run_out / "junit.xml",
+            command = pytest_command(args.python, upstream, path, run_out / "junit.xml",
                                      list(args.pytest_args))
             command[3] = node
-            run_one(run, command, environment(allocator, upstream, run_out, args.slow), args.timeout,
-                    lambda line: None)
+            run_one(run, command, environment(allocator, upstream, run_out, args.slow, args.site, args.python),
+                    args.timeout, lambda line: None)
             runs[allocator] = run
         rerun = {a: (r.results.get(diff["test"]).outcome if r.results.get(diff["test"]) else "absent")
                  for a, r in runs.items()}
@@ -381,7 +405,9 @@ def parse_args(argv=None):
     parser.add_argument("--suite", "-s", action="append", choices=sorted(SUITES),
                         help="a suite to run (repeatable; default: all)")
     parser.add_argument("-k", dest="keywords", action="append", default=[],
-                        help="a pytest -k expression, ANDed with the suite's selection (repeatable)")
+                        help="a pytest -k style expression over class and test names, ANDed with the suite's "
+                             "selection (repeatable; applied by shim_plugin, not pytest's -k, which would also "
+                             "match the folder names above the file)")
     parser.add_argument("--whole", action="store_true",
                         help="drop the allocator-relevant selection (SUITES' -k): every test of the files")
     parser.add_argument("--timeout", type=float, default=3600.0,
@@ -392,6 +418,9 @@ def parse_args(argv=None):
                         help="run the allocators one after the other (default: side by side, two processes)")
     parser.add_argument("--no-confirm", dest="confirm", action="store_false",
                         help="do not rerun differing tests alone")
+    parser.add_argument("--no-site", dest="site", action="store_false",
+                        help="shim run: do not put site/sitecustomize.py on PYTHONPATH (test subprocesses then "
+                             "run on torch's allocator; the pytest process still gets the shim)")
     parser.add_argument("--slow", action="store_true", help="also torch's @slowTest tests (PYTORCH_TEST_WITH_SLOW=1)")
     parser.add_argument("--python", default=sys.executable, help="the Python that runs pytest (default: this one)")
     parser.add_argument("--compare-only", action="store_true",

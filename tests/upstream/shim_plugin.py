@@ -27,6 +27,10 @@ import pytest
 
 ENV_ALLOCATOR = "NPU_LIFETIME_UPSTREAM_ALLOCATOR"
 ENV_OUT = "NPU_LIFETIME_UPSTREAM_OUT"
+# a pytest -k style expression matched against the test's class and test
+# names only: pytest's own -k also matches the names of the folders above
+# the file, and ".gl/upstream" holds "stream"
+ENV_SELECT = "NPU_LIFETIME_UPSTREAM_SELECT"
 
 _state = {"allocator": "native", "installed": None, "findings": {}, "out": None, "started": time.time(),
           "error": None}
@@ -62,6 +66,33 @@ def pytest_configure(config) -> None:
             _write_report()
             raise pytest.UsageError(f"shim run: npu_lifetime.install('cuda') failed: {err!r}") from err
         _state["installed"] = repr(installed)
+
+
+def selected(nodeid: str, expression: str) -> bool:
+    """Whether ``expression`` (pytest -k syntax: and/or/not, parentheses,
+    case-insensitive substrings) holds for the node id's class and test
+    names, the file path left out."""
+    from _pytest.mark.expression import Expression
+
+    names = [part.lower() for part in nodeid.split("::")[1:]]
+
+    def matcher(ident: str, **_kwargs) -> bool:
+        ident = ident.lower()
+        return any(ident in name for name in names)
+
+    return Expression.compile(expression).evaluate(matcher)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    expression = os.environ.get(ENV_SELECT, "").strip()
+    if not expression:
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if selected(item.nodeid, expression) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _drain_findings() -> list:
