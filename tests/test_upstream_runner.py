@@ -157,3 +157,17 @@ def test_selection_matches_class_and_test_names_only():
     for nodeid, expected in picks.items():
         assert shim_plugin.selected(nodeid, expression) is expected, nodeid
     assert shim_plugin.selected("a/b.py::C::test_x", "test_x and not C2")
+
+
+def test_resume_skips_ended_and_twice_started_tests(tmp_path):
+    sys.path.insert(0, str(RUNNER.parent))
+    try:
+        import shim_plugin
+    finally:
+        sys.path.remove(str(RUNNER.parent))
+    path = tmp_path / "results.jsonl"
+    events = [("start", "f.py::C::a"), ("end", "f.py::C::a"), ("start", "f.py::C::b"),  # b was killed once
+              ("start", "f.py::C::c"), ("start", "f.py::C::c")]  # c hung twice
+    path.write_text("".join(json.dumps({"event": e, "nodeid": n}) + "\n" for e, n in events) + "{cut")
+    assert shim_plugin.finished_earlier(str(path)) == {"f.py::C::a", "f.py::C::c"}
+    assert shim_plugin.finished_earlier(str(tmp_path / "none.jsonl")) == set()

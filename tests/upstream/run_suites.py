@@ -300,10 +300,12 @@ def environment(allocator: str, upstream: Path, out: Path, slow: bool, site: boo
     return env
 
 
-def run_one(run: Run, command: list, env: dict, timeout: float, log) -> Run:
+def run_one(run: Run, command: list, env: dict, timeout: float, log, resume: bool = False) -> Run:
     run.out.mkdir(parents=True, exist_ok=True)
-    for stale in ("results.jsonl", "report.json", "junit.xml"):
+    for stale in (("junit.xml",) if resume else ("results.jsonl", "report.json", "junit.xml")):
         (run.out / stale).unlink(missing_ok=True)
+    if resume:
+        env = dict(env, NPU_LIFETIME_UPSTREAM_RESUME="1")
     (run.out / "command.txt").write_text(" ".join(command) + "\n")
     start = time.time()
     with open(run.out / "pytest.log", "w") as logfile:
@@ -322,7 +324,7 @@ def run_one(run: Run, command: list, env: dict, timeout: float, log) -> Run:
             run.returncode = proc.returncode
     run.elapsed = time.time() - start
     junit, jsonl, report = run.out / "junit.xml", run.out / "results.jsonl", run.out / "report.json"
-    if junit.exists() and not run.timed_out:
+    if junit.exists() and not run.timed_out and not resume:
         run.results = parse_junit(junit)
     elif jsonl.exists():
         run.results = parse_jsonl(jsonl)
@@ -350,9 +352,9 @@ def run_suite_allocators(suite: str, upstream: Path, allocators, keywords, out: 
         env = environment(allocator, upstream, run_out, args.slow, args.site, args.python, keywords)
         runs[allocator] = run
         if serial:
-            run_one(run, command, env, args.timeout, log)
+            run_one(run, command, env, args.timeout, log, args.resume)
         else:
-            thread = threading.Thread(target=run_one, args=(run, command, env, args.timeout, log))
+            thread = threading.Thread(target=run_one, args=(run, command, env, args.timeout, log, args.resume))
             thread.start()
             threads.append(thread)
     for thread in threads:
@@ -423,6 +425,10 @@ def parse_args(argv=None):
                              "run on torch's allocator; the pytest process still gets the shim)")
     parser.add_argument("--slow", action="store_true", help="also torch's @slowTest tests (PYTORCH_TEST_WITH_SLOW=1)")
     parser.add_argument("--python", default=sys.executable, help="the Python that runs pytest (default: this one)")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from OUT's results.jsonl: tests already ended are not run again (a test that "
+                             "started twice without ending counts as a timeout); for machines that limit one "
+                             "command's time: repeat the same command with --resume until nothing is left")
     parser.add_argument("--compare-only", action="store_true",
                         help="run nothing: compare the results already under --out")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
@@ -444,10 +450,10 @@ def selection(suite: str, args) -> str | None:
 def load_run(suite: str, allocator: str, out: Path) -> Run:
     run = Run(suite, allocator, out / suite / allocator)
     junit, jsonl, report = run.out / "junit.xml", run.out / "results.jsonl", run.out / "report.json"
-    if junit.exists():
-        run.results = parse_junit(junit)
-    elif jsonl.exists():
+    if jsonl.exists():  # the whole run, resumed parts included
         run.results = parse_jsonl(jsonl)
+    elif junit.exists():
+        run.results = parse_junit(junit)
     if report.exists():
         run.report = json.loads(report.read_text())
     return run
@@ -479,7 +485,7 @@ def main(argv=None) -> int:
         if args.compare_only:
             runs = {a: load_run(suite, a, out) for a in args.allocators}
         else:
-            log(f"[{time.strftime('%H:%M:%S')}] {suite}: {SUITES[suite][0]}" + (f" -k {keywords!r}" if keywords else ""))
+            log(f"[{time.strftime('%H:%M:%S')}] {suite}: {SUITES[suite][0]}" + (f" selecting {keywords!r}" if keywords else ""))
             runs = run_suite_allocators(suite, upstream, args.allocators, keywords, out, args, log, args.serial)
         block = compare({a: r.results for a, r in runs.items()})
         block["runs"] = {a: {"returncode": r.returncode, "timed_out": r.timed_out, "elapsed_s": round(r.elapsed, 1),

@@ -31,6 +31,10 @@ ENV_OUT = "NPU_LIFETIME_UPSTREAM_OUT"
 # names only: pytest's own -k also matches the names of the folders above
 # the file, and ".gl/upstream" holds "stream"
 ENV_SELECT = "NPU_LIFETIME_UPSTREAM_SELECT"
+# =1: go on from results.jsonl: tests that ended there are not run again,
+# nor a test that started twice without ending (it hangs or outlives the
+# run's timeout); the earlier findings are kept
+ENV_RESUME = "NPU_LIFETIME_UPSTREAM_RESUME"
 
 _state = {"allocator": "native", "installed": None, "findings": {}, "out": None, "started": time.time(),
           "error": None}
@@ -56,6 +60,8 @@ def pytest_configure(config) -> None:
     _state["out"] = os.environ.get(ENV_OUT) or None
     if _state["out"]:
         os.makedirs(_state["out"], exist_ok=True)
+        if os.environ.get(ENV_RESUME) == "1":
+            _load_earlier_findings()
     if allocator == "shim":
         import npu_lifetime
 
@@ -83,13 +89,42 @@ def selected(nodeid: str, expression: str) -> bool:
     return Expression.compile(expression).evaluate(matcher)
 
 
+def _load_earlier_findings() -> None:
+    path = _out_path("report.json")
+    if path and os.path.exists(path):
+        try:
+            with open(path) as fh:
+                _state["findings"].update(json.load(fh).get("findings", {}))
+        except (OSError, ValueError):
+            pass
+
+
+def finished_earlier(path) -> set:
+    """Node ids results.jsonl shows ended, or started twice without ending."""
+    ended, starts = set(), {}
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("event") == "end":
+                    ended.add(record.get("nodeid"))
+                elif record.get("event") == "start":
+                    starts[record.get("nodeid")] = starts.get(record.get("nodeid"), 0) + 1
+    return ended | {nodeid for nodeid, count in starts.items() if count >= 2 and nodeid not in ended}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     expression = os.environ.get(ENV_SELECT, "").strip()
-    if not expression:
+    done = finished_earlier(_out_path("results.jsonl")) if os.environ.get(ENV_RESUME) == "1" else set()
+    if not expression and not done:
         return
     keep, drop = [], []
     for item in items:
-        (keep if selected(item.nodeid, expression) else drop).append(item)
+        wanted = (not expression or selected(item.nodeid, expression)) and item.nodeid not in done
+        (keep if wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
