@@ -73,15 +73,12 @@ bool CachingAllocator::drop_fired_events(Block* b) {
 }
 
 void CachingAllocator::drop_fired_events_of_cached(int device) {
-    for (auto& entry : segments_) {
-        if (entry.second->device != device) continue;
-        for (Block* b = entry.second->first; b != nullptr; b = b->next) {
-            if (b->state != BlockState::cached || b->held.empty()) continue;
-            pool_erase(b);
-            drop_fired_events(b);
-            pool_insert(b);
-        }
-    }
+    segments_.for_each_block(device, [&](Block* b) {
+        if (b->state != BlockState::cached || b->held.empty()) return;
+        pool_erase(b);
+        drop_fired_events(b);
+        pool_insert(b);
+    });
 }
 
 // The cached blocks of graph pool `id` on `device` drop their fired events.
@@ -112,13 +109,10 @@ void CachingAllocator::synchronize_held_events(int device) {
         if (rt_->event_synchronize(e, &code) != Status::ok) runtime_error("event_synchronize", code, b, stream);
     };
     events_.for_each_to_wait(device, [&](const HeldEvent& h) { return gates(h); }, wait);
-    for (auto& entry : segments_) {
-        if (entry.second->device != device) continue;
-        for (Block* b = entry.second->first; b != nullptr; b = b->next) {
-            if (b->state != BlockState::cached) continue;
-            for (const HeldEvent& h : b->held) wait(h.event, b, h.stream);
-        }
-    }
+    segments_.for_each_block(device, [&](const Block* b) {
+        if (b->state != BlockState::cached) return;
+        for (const HeldEvent& h : b->held) wait(h.event, b, h.stream);
+    });
     dstats(device).count(CounterId::num_sync_all_streams);
 }
 

@@ -60,19 +60,15 @@ void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {
 std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id) const {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<void*> live;
-    for (const auto& entry : segments_) {
-        const Segment* seg = entry.second;
-        if (seg->device != device || !(seg->pool_id == id)) continue;
-        for (const Block* b = seg->first; b != nullptr; b = b->next) {
-            if (b->state == BlockState::live) live.push_back(b->ptr);
-        }
-    }
+    segments_.for_each_block(device, [&](const Block* b) {
+        if (b->segment->pool_id == id && b->state == BlockState::live) live.push_back(b->ptr);
+    });
     return live;
 }
 
 void* CachingAllocator::base_allocation(void* ptr, size_t* size) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const Segment* seg = segment_containing(static_cast<char*>(ptr));
+    const Segment* seg = segments_.containing(static_cast<char*>(ptr));
     if (seg == nullptr) return ptr;
     if (size != nullptr) *size = seg->size;
     return seg->base;

@@ -84,8 +84,7 @@ std::string CachingAllocator::snapshot_json() const {
     j.open_object().key("runtime").value(rt_ ? rt_->name : "none");
     j.key("policy").value(policy_name(policy_)).key("debug").value(quarantine_.enabled());
     j.key("segments").open_array();
-    for (const auto& entry : segments_) {
-        const Segment* seg = entry.second;
+    segments_.for_each([&](const Segment* seg) {
         j.open_object().key("address").pointer(seg->base).key("size").value(static_cast<uint64_t>(seg->size));
         j.key("device").value(seg->device).key("stream").pointer(seg->stream);
         j.key("pool").value(seg->small ? "small" : "large");
@@ -93,7 +92,7 @@ std::string CachingAllocator::snapshot_json() const {
         j.key("blocks").open_array();
         for (const Block* b = seg->first; b != nullptr; b = b->next) block_json(j, b);
         j.close_array().close_object();
-    }
+    });
     j.close_array().close_object();
     return j.str();
 }
@@ -108,8 +107,7 @@ int32_t record_state(BlockState state) {
 std::vector<npl_block_record> CachingAllocator::block_records() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<npl_block_record> out;
-    for (const auto& entry : segments_) {
-        const Segment* seg = entry.second;
+    segments_.for_each([&](const Segment* seg) {
         for (const Block* b = seg->first; b != nullptr; b = b->next) {
             npl_block_record r{};
             r.segment = seg->base;
@@ -127,7 +125,7 @@ std::vector<npl_block_record> CachingAllocator::block_records() const {
             r.events = static_cast<int32_t>(b->uses.size() + b->held.size());
             out.push_back(r);
         }
-    }
+    });
     return out;
 }
 
@@ -143,8 +141,7 @@ std::string CachingAllocator::drain_trace_json() {
 
 void CachingAllocator::reset() {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& entry : segments_) {
-        Segment* seg = entry.second;
+    segments_.clear([&](Segment* seg) {
         for (Block* b = seg->first; b != nullptr;) {
             for (const StreamUse& u : b->uses) {
                 if (u.event != nullptr) destroy_event(u.event, u.event_device);
@@ -156,11 +153,9 @@ void CachingAllocator::reset() {
         }
         int code = 0;
         if (rt_->free(seg->base, seg->device, &code) != Status::ok) runtime_error("free", code, nullptr, nullptr);
-        delete seg;
-    }
+    });
     events_.clear([&](Event e, int device) { destroy_event(e, device); });
     for (Block* b : spare_blocks_) delete b;
-    segments_.clear();
     pools_.clear();
     last_pool_ = nullptr;
     book_.clear();

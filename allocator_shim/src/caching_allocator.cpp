@@ -4,7 +4,7 @@
 //
 // Memory.  Segments come from the runtime (cudaMalloc / aclrtMalloc / host
 // memory) and are carved into blocks, a doubly linked list per segment that
-// covers it exactly.  Requests round up to 512 B; up to 1 MiB they share
+// covers it exactly (segments.h, which alone links blocks into a segment).  Requests round up to 512 B; up to 1 MiB they share
 // 2 MiB segments (the small pool), 1-10 MiB requests carve 20 MiB segments,
 // larger ones get their own segment rounded to 2 MiB.  A segment belongs to
 // one (device, stream, size class, graph pool): blocks never move between
@@ -310,7 +310,7 @@ void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stre
     claim_ = nullptr;
     claims_--;
     PoolId id = graph_pools_.any_capture_underway() ? graph_pools_.pool_for(device, stream) : PoolId{};
-    Block* b = block_at(ptr);
+    Block* b = segments_.block_at(ptr);
     const char* why = nullptr;
     if (b == nullptr || b->state != BlockState::cached || !b->held.empty() || ptr + rounded > b->ptr + b->size) {
         why = "the memory to claim is not free, or not all free";
@@ -341,13 +341,7 @@ void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stre
         front->uses.clear();
         front->held.clear();
         front->last_streams.clear();
-        front->size = static_cast<size_t>(ptr - b->ptr);
-        front->next = b;
-        if (b->prev != nullptr) b->prev->next = front;
-        if (b->segment->first == b) b->segment->first = front;
-        b->prev = front;
-        b->ptr = ptr;
-        b->size -= front->size;
+        Segments::cut_front(b, ptr, front);
         front->state = BlockState::cached;
         pool_insert(front);
     }
@@ -451,17 +445,9 @@ Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, i
     void* ptr = nullptr;
     *status = device_malloc(&ptr, bytes, p->device, code);
     if (*status != Status::ok) return nullptr;
-    auto* seg = new Segment{static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, nullptr};
     Block* b = new_block();
-    b->ptr = seg->base;
-    b->size = bytes;
-    b->device = p->device;
-    b->stream = p->stream;
-    b->small = p->small;
-    b->segment = seg;
     b->pool = p;
-    seg->first = b;
-    segments_[seg->base] = seg;
+    segments_.add(static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, b);
     DeviceStats& st = dstats(p->device);
     st.add(StatId::segment, p->small, 1);
     st.add(StatId::reserved_bytes, p->small, static_cast<int64_t>(bytes));
@@ -479,18 +465,7 @@ void CachingAllocator::split(Block* b, size_t size) {
 // The block after the first `size` bytes of `b`, linked in its segment (not cached yet).
 Block* CachingAllocator::split_off(Block* b, size_t size) {
     Block* rest = new_block();
-    rest->ptr = b->ptr + size;
-    rest->size = b->size - size;
-    rest->device = b->device;
-    rest->stream = b->stream;
-    rest->small = b->small;
-    rest->segment = b->segment;
-    rest->pool = b->pool;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = size;
+    Segments::split(b, size, rest);
     rest->state = BlockState::cached;
     return rest;
 }
@@ -559,16 +534,7 @@ void CachingAllocator::cache_block(Block* b) {
         } else {
             pool_erase(n);
         }
-        if (n == b->prev) {
-            b->ptr = n->ptr;
-            b->prev = n->prev;
-            if (n->prev != nullptr) n->prev->next = b;
-            if (b->segment->first == n) b->segment->first = b;
-        } else {
-            b->next = n->next;
-            if (n->next != nullptr) n->next->prev = b;
-        }
-        b->size += n->size;
+        Segments::merge(b, n);
         for (const HeldEvent& h : n->held) hold(b, h);
         n->held.clear();
         if (n != seat) recycle_block(n);
@@ -583,7 +549,8 @@ void CachingAllocator::cache_block(Block* b) {
     if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
     // a released graph pool gives its segments back as they become free: this one
     if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !queries_frozen()) {
-        release_segment(segments_.find(b->segment->base));
+        Segment* seg = b->segment;
+        if (release_segment(seg)) segments_.remove(seg);
     }
 }
 
@@ -793,24 +760,8 @@ void CachingAllocator::release(Block* b) {
 
 // ---- record_stream / record_use ------------------------------------------------
 
-const Segment* CachingAllocator::segment_containing(const char* p) const {
-    auto it = segments_.upper_bound(const_cast<char*>(p));
-    if (it == segments_.begin()) return nullptr;
-    const Segment* seg = std::prev(it)->second;
-    return p < seg->base + seg->size ? seg : nullptr;
-}
-
-// The block (in any state) whose memory holds `p`.
-Block* CachingAllocator::block_at(const char* p) const {
-    const Segment* seg = segment_containing(p);
-    for (Block* b = seg != nullptr ? seg->first : nullptr; b != nullptr; b = b->next) {
-        if (p >= b->ptr && p < b->ptr + b->size) return b;
-    }
-    return nullptr;
-}
-
 Block* CachingAllocator::block_containing(void* ptr) const {
-    Block* b = block_at(static_cast<char*>(ptr));
+    Block* b = segments_.block_at(static_cast<char*>(ptr));
     return b != nullptr && b->state == BlockState::live ? b : nullptr;
 }
 

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -21,6 +20,7 @@
 #include "findings.h"
 #include "graph_pools.h"
 #include "quarantine.h"
+#include "segments.h"
 #include "runtime.h"
 #include "stats.h"
 #include "trace.h"
@@ -145,8 +145,6 @@ class CachingAllocator {
     void recycle_block(Block* b);
     StreamUse& use_of(Block* b, Stream stream);
     Block* live_block(void* ptr, const char* op, Stream stream);
-    const Segment* segment_containing(const char* p) const;
-    Block* block_at(const char* p) const;
     Block* block_containing(void* ptr) const;  // a live block, else nullptr
 
     // events
@@ -172,7 +170,7 @@ class CachingAllocator {
     // segments
     void release_free_segments(int device, bool any_device);
     void release_pool_segments(int device, PoolId id);
-    std::map<char*, Segment*>::iterator release_segment(std::map<char*, Segment*>::iterator it);
+    bool release_segment(Segment* seg);  // true: its memory went back (the caller removes it)
     bool segment_releasable(const Segment* seg) const;
 
     void runtime_error(const char* op, int code, const Block* b, Stream stream);
@@ -190,7 +188,7 @@ class CachingAllocator {
     PoolKey last_key_{-1, nullptr, false, PoolId{}};  // the last pool looked up: most allocations repeat it
     Pool* last_pool_ = nullptr;
     AddressBook book_;
-    std::map<char*, Segment*> segments_;
+    Segments segments_;  // by address, each tiled by its blocks
     EventQueues events_;  // idle events, record order, pending blocks' FIFOs, deferred frees
     std::vector<Block*> spare_blocks_;
     std::unordered_map<Stream, int> stream_devices_;

@@ -5,7 +5,7 @@
 #include <iterator>
 #include <unordered_set>
 
-#include "invariants.h"
+#include "describe.h"
 
 namespace npl {
 

@@ -1,6 +1,7 @@
 // The invariant checker: walks every segment, block, pool, event and
 // statistic and says which of the invariants stated at the top of
-// caching_allocator.cpp do not hold.  Tests call it after every step of the
+// caching_allocator.cpp do not hold, and asks the data structures that
+// state their own (segments.h, event_queues.h, address_book.h) about theirs.  Tests call it after every step of the
 // stress and property tests (npl_check_invariants); a build with
 // -DNPL_CHECK_INVARIANTS (NPL_DEBUG_INVARIANTS=1 pip install -e .) also runs
 // it after every C entry point and reports a violation as an
@@ -8,25 +9,13 @@
 // debug builds.  It only reads: no runtime call, no change.
 #include <array>
 #include <map>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "caching_allocator.h"
-#include "invariants.h"
+#include "describe.h"
 
 namespace npl {
-
-std::string hex(const void* p) {
-    std::ostringstream out;
-    out << p;
-    return out.str();
-}
-
-std::string where(const Block* b) {
-    return "block " + hex(b->ptr) + " (" + std::to_string(b->size) + " B, device " + std::to_string(b->device) +
-           ", stream " + hex(b->stream) + ")";
-}
 
 namespace {
 
@@ -74,25 +63,16 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
     std::unordered_map<const Pool*, size_t> cached_in;
     size_t pending_blocks = 0, deferred_blocks = 0, quarantined_blocks = 0;
 
-    for (const auto& entry : segments_) {
-        const Segment* seg = entry.second;
-        std::string segment = "segment " + hex(seg->base);
-        if (entry.first != seg->base) fail(segment + " is filed under " + hex(entry.first));
+    // The segments and the blocks that tile them (segments.h states those
+    // invariants); then each block in its state, pool and statistics.
+    segments_.check(fail);
+    segments_.for_each([&](const Segment* seg) {
         Recount& r = recount[seg->device];
         r.add(StatId::segment, seg->small, 1);
         r.add(StatId::reserved_bytes, seg->small, static_cast<int64_t>(seg->size));
-        if (seg->first == nullptr || seg->first->prev != nullptr) fail(segment + ": its first block has a predecessor");
-        const char* expect = seg->base;
         const Block* prev = nullptr;
         for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
             std::string at = where(b);
-            if (b->ptr != expect) fail(at + " does not start where its predecessor ends (" + hex(expect) + ")");
-            if (b->prev != prev) fail(at + ": its prev link is broken");
-            if (b->segment != seg) fail(at + " points to another segment");
-            if (b->size == 0 || b->size % 512 != 0) fail(at + ": size is not a positive multiple of 512");
-            if (b->device != seg->device || b->stream != seg->stream || b->small != seg->small) {
-                fail(at + " disagrees with its segment on device, stream or size class");
-            }
             const Pool* p = b->pool;
             if (p == nullptr || p->device != seg->device || p->stream != seg->stream || p->small != seg->small ||
                 !(p->id == seg->pool_id)) {
@@ -100,7 +80,6 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
             } else if (static_cast<size_t>(p->device) >= stats_.size() || p->stats != &stats_[p->device]) {
                 fail(at + ": its pool does not count into its device's statistics");
             }
-            expect = b->ptr + b->size;
             std::unordered_set<Stream> streams;
             for (const HeldEvent& h : b->held) {
                 if (!streams.insert(h.stream).second) fail(at + " holds two events of stream " + hex(h.stream));
@@ -162,8 +141,7 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
                     break;
             }
         }
-        if (expect != seg->base + seg->size) fail(segment + ": its blocks do not cover it exactly");
-    }
+    });
 
     // Pools: each set holds exactly its cached blocks, in best-fit order.
     size_t cached_total = 0;

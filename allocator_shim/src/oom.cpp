@@ -1,7 +1,6 @@
 // The out-of-memory path, the memory fraction, and giving segments back.
 #include <cinttypes>
 #include <cstdio>
-#include <iterator>
 #include <utility>
 
 #include "caching_allocator.h"
@@ -154,33 +153,31 @@ bool CachingAllocator::segment_releasable(const Segment* seg) const {
 // while a capture is underway (freeing memory synchronises the device).
 void CachingAllocator::release_free_segments(int device, bool any_device) {
     if (queries_frozen()) return;
-    for (auto it = segments_.begin(); it != segments_.end();) {
-        Segment* seg = it->second;
+    segments_.remove_if([&](Segment* seg) {
         bool mine = any_device || seg->device == device;
-        it = mine && segment_releasable(seg) ? release_segment(it) : std::next(it);
-    }
+        return mine && segment_releasable(seg) && release_segment(seg);
+    });
 }
 
 // Gives back the fully free segments of one graph pool, and nothing else:
 // its other segments go as their last blocks are freed (cache_block).
 void CachingAllocator::release_pool_segments(int device, PoolId id) {
     if (queries_frozen()) return;
-    for (auto it = segments_.begin(); it != segments_.end();) {
-        Segment* seg = it->second;
+    segments_.remove_if([&](Segment* seg) {
         bool mine = seg->device == device && seg->pool_id == id;
-        it = mine && segment_releasable(seg) ? release_segment(it) : std::next(it);
-    }
+        return mine && segment_releasable(seg) && release_segment(seg);
+    });
 }
 
-// Frees one fully free segment to the runtime; the iterator after it (the
-// segment stays, and a finding says why, if the runtime refuses).
-std::map<char*, Segment*>::iterator CachingAllocator::release_segment(std::map<char*, Segment*>::iterator it) {
-    Segment* seg = it->second;
+// Frees one fully free segment's memory to the runtime and recycles its
+// block; true when it went (the caller then removes it from segments_), false
+// (the segment stays, and a finding says why) if the runtime refuses.
+bool CachingAllocator::release_segment(Segment* seg) {
     Block* b = seg->first;
     int code = 0;
     if (rt_->free(seg->base, seg->device, &code) != Status::ok) {
         runtime_error("free", code, b, nullptr);
-        return std::next(it);
+        return false;
     }
     trace(TraceKind::segment_free, b, nullptr);
     pool_erase(b);
@@ -189,8 +186,7 @@ std::map<char*, Segment*>::iterator CachingAllocator::release_segment(std::map<c
     st.add(StatId::segment, seg->small, -1);
     st.add(StatId::reserved_bytes, seg->small, -static_cast<int64_t>(seg->size));
     st.count(CounterId::num_device_free);
-    delete seg;
-    return segments_.erase(it);
+    return true;
 }
 
 // As torch's emptyCache: the host first waits for the events freed blocks
