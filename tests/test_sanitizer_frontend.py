@@ -14,7 +14,7 @@ import npu_lifetime
 from npu_lifetime import simdevice as sd
 from npu_lifetime.lifetime import DataRace, UncoveredFree
 from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, LifetimeWarning
-from npu_lifetime.sanitizer.accesses import op_accesses
+from npu_lifetime.sanitizer.accesses import op_accesses, plan, written_storages
 
 aten = torch.ops.aten
 
@@ -69,6 +69,51 @@ def test_in_place_view_ops_touch_no_data():
     a = torch.ones(4, 4)
     assert accesses(aten.t_.default, (a,), outputs=a) == []
     assert accesses(aten.unsqueeze_.default, (a, 0), outputs=a) == []
+
+
+def test_batch_norm_writes_its_running_statistics_in_training_only():
+    """native_batch_norm's schema does not declare the update of running_mean and running_var."""
+    x, mean, var = torch.randn(4, 3), torch.zeros(3), torch.ones(3)
+    for training in (True, False):
+        args = (x, None, None, mean, var, training, 0.1, 1e-5)
+        found = accesses(aten.native_batch_norm.default, args, outputs=aten.native_batch_norm.default(*args))
+        assert (ptr(mean), training) in found and (ptr(var), training) in found
+
+
+def test_functional_fill_and_undeclared_views_read_nothing_of_self():
+    a = torch.ones(4)
+    filled = aten.fill.Scalar(a, 2.0)
+    assert accesses(aten.fill.Scalar, (a, 2.0), outputs=filled) == [(ptr(filled), True)]
+    assert accesses(aten._unsafe_view.default, (a, [2, 2]), outputs=aten._unsafe_view.default(a, [2, 2])) == []
+    parts = aten.unsafe_split.Tensor(a, 2)
+    assert accesses(aten.unsafe_split.Tensor, (a, 2), outputs=parts) == []
+
+
+def test_an_out_tensor_the_op_resizes_is_a_fresh_output():
+    a, out = torch.ones(4), torch.empty(0)
+    before = written_storages(plan(aten.add.out), (a, a), {"out": out})
+    aten.add.out(a, a, out=out)
+    found = op_accesses(aten.add.out, (a, a), {"out": out}, out, lambda t: True, written_before=before)
+    [entry] = [x for x in found if x.storage == ptr(out)]
+    assert entry.fresh and entry.is_write and entry.accessed
+
+
+def test_an_out_tensor_resized_on_a_side_stream_is_allocated_there():
+    """Before: taken for a storage from before tracking, on the default stream, so its free after a use
+    on the side stream was an uncovered free."""
+    san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
+    with san:
+        side = sd.Stream()
+        a = torch.ones(8)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            out = torch.empty(0)
+            torch.add(a, a, out=out)
+            out.sum()
+        npu_lifetime.record_use(a, side)
+        del out
+        gc.collect()
+    assert san.flush() == []
 
 
 def test_views_of_one_storage_are_one_access():

@@ -5,14 +5,23 @@
 * An input aliased without a write (``Tensor(a)``: views, ``detach``...) is
   metadata only: taking a view touches no data.  So are in-place view ops
   (tag ``inplace_view``: ``unsqueeze_``, ``t_``, ``as_strided_``...), which
-  change a tensor's shape, not its data.
+  change a tensor's shape, not its data, and the views whose schemas do not
+  declare them (``_unsafe_view``, ``unsafe_split``...).
+* Batch norms in training update ``running_mean`` and ``running_var`` in
+  place, which their schemas do not declare (``native_batch_norm``,
+  ``cudnn_batch_norm``, ``miopen_batch_norm``: torch's own ``SchemaInfo``
+  lists them): written when the op's ``training`` flag is set, read otherwise.
 * A fresh output (no alias annotation) is written; an aliased output is the
   same storage as an input, already counted, and so is an output the schema
-  calls fresh that shares an input's storage (``_unsafe_view``: an alias the
-  schema does not declare).
+  calls fresh that shares an input's storage (an alias the schema does not
+  declare).
+* A written argument whose storage the op moved to a new block (an ``out=``
+  tensor too small for the result, ``torch.empty(0)`` most often: the kernel
+  resizes it) is a fresh output: allocated by the op, on its stream
+  (``written_storages`` notes the addresses before the op).
 * ``empty``-like factories write nothing: their fresh output is only
-  allocated.  ``*_like`` and ``new_*`` constructors read nothing of their
-  ``self`` (its shape, dtype and device only).
+  allocated.  ``*_like`` and ``new_*`` constructors, and the functional
+  ``fill``, read nothing of their ``self`` (its shape, dtype and device only).
 * ``resize_`` / ``resize_as_`` change shape only, unless the storage must
   grow: then its old bytes are copied into a new, larger block (a read of
   the old storage, before the op; a write of the new one, after it) and the
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -41,7 +50,14 @@ _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)
 # constructors that take only their input's shape, dtype and device: zeros_like, randn_like, new_full...
 _FROM_HOST_DATA = ("aten::lift_fresh", "aten::lift")
 _RESIZE = ("aten::resize_", "aten::resize_as_")
-_METADATA_INPUT = re.compile(r"^aten::(\w+_like|new_\w+|is_strides_like_format)$")
+_METADATA_INPUT = re.compile(r"^aten::(\w+_like|new_\w+|is_strides_like_format|fill)$")
+_UNDECLARED_VIEWS = ("aten::_unsafe_view", "aten::unsafe_split", "aten::unsafe_split_with_sizes")
+# ops that update their running statistics in training without declaring the write: torch's
+# SchemaInfo (torch/csrc/utils/schema_info.cpp, its training ops) special-cases the same ones
+_TRAINING_WRITES = ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm",
+                    "aten::batch_norm", "aten::_batch_norm_impl_index", "aten::instance_norm")
+_RUNNING_STATS = ("running_mean", "running_var")
+_TRAINING_FLAGS = ("training", "use_input_stats")
 _READ, _WRITE, _SKIP = False, True, None
 
 
@@ -75,6 +91,9 @@ class Plan:
     collective: bool  # a c10d collective (runs on its backend's stream)
     touches_data: bool  # False: nothing to do for this op (a view, an inplace view)
     resizes: bool = False  # Tensor.resize_ / resize_as_: may move the storage to a larger block
+    training: Optional[tuple] = None  # (position, name) of a batch norm's training flag; when set:
+    training_arguments: tuple = ()  # arguments' modes in training (a batch norm's running statistics)
+    writes: bool = False  # some argument is written (``Tensor(a!)``): see written_storages
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -116,7 +135,7 @@ def _make_plan(func) -> Plan:
         return Plan(arguments, {name: mode for _, name, mode in arguments}, (), False, True, True)
     if schema.name in _RESIZE:
         return Plan((), {}, (), False, False, False, resizes=True)  # see resize_accesses
-    if torch.Tag.inplace_view in func.tags:
+    if torch.Tag.inplace_view in func.tags or schema.name in _UNDECLARED_VIEWS:
         return Plan((), {}, (), False, False, False)  # shape and strides only
     if schema.name in _FROM_HOST_DATA:
         # torch.tensor / as_tensor / asarray / from_numpy: the tensor built from host data, made
@@ -132,7 +151,22 @@ def _make_plan(func) -> Plan:
     fresh_returns = tuple(r.alias_info is None and _holds_tensors(r) for r in schema.returns)
     touches = bool(arguments) or any(fresh_returns)
     return Plan(arguments, {name: mode for _, name, mode in arguments}, fresh_returns,
-                bool(_NO_DATA_FACTORY.match(schema.name)), False, touches)
+                bool(_NO_DATA_FACTORY.match(schema.name)), False, touches,
+                writes=any(mode for _, _, mode in arguments), **_training_writes(schema, arguments))
+
+
+def _training_writes(schema, arguments: tuple) -> dict:
+    """The plan's ``training`` fields for a batch norm (none for other ops)."""
+    flag = next(((i, a.name) for i, a in enumerate(schema.arguments) if a.name in _TRAINING_FLAGS), None)
+    if schema.name not in _TRAINING_WRITES or flag is None:
+        return {}
+    in_training = tuple((i, name, mode or name in _RUNNING_STATS) for i, name, mode in arguments)
+    return {"training": flag, "training_arguments": in_training}
+
+
+def _in_training(p: Plan, args: tuple, kwargs: dict) -> bool:
+    position, name = p.training
+    return bool(args[position] if position < len(args) else kwargs.get(name, False))
 
 
 def _outputs(count: int, outputs: Any) -> tuple:
@@ -141,19 +175,43 @@ def _outputs(count: int, outputs: Any) -> tuple:
     return tuple(outputs) if isinstance(outputs, (list, tuple)) else ()
 
 
-def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable, p: Plan = None) -> list:
+def written_storages(p: Plan, args: tuple, kwargs: dict) -> list:
+    """Before the op runs: (tensor, storage address) of each tensor it
+    writes, for ``op_accesses`` to see which of them it moved."""
+    found = []
+    for i, name, mode in p.arguments:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        if mode and value is not None:
+            found += [(t, _address(t)) for t in _tensors(value)]
+    return found
+
+
+def _address(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable, p: Plan = None,
+                written_before: Optional[list] = None) -> list:
     """The storages ``func`` touched, for tensors ``tracked(t)`` accepts, in
-    argument order, then its fresh outputs (``p``: its plan, if at hand)."""
+    argument order, then its fresh outputs (``p``: its plan, if at hand;
+    ``written_before``: ``written_storages`` before the op, if taken)."""
     if p is None:
         p = plan(func)
     found: dict = {}
     count = len(args)
-    for i, name, mode in p.arguments:
+    arguments = p.arguments
+    if p.training is not None and _in_training(p, args, kwargs):
+        arguments = p.training_arguments
+    for i, name, mode in arguments:
         if i < count:
             _note_all(found, args[i], mode, name, False, tracked)
     if kwargs:
+        by_name = p.by_name if arguments is p.arguments else {name: mode for _, name, mode in arguments}
         for name, value in kwargs.items():
-            mode = p.by_name.get(name)
+            mode = by_name.get(name)
             if mode is not None:
                 _note_all(found, value, mode, name, False, tracked)
     if p.fresh_returns:
@@ -161,6 +219,11 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
         for fresh, value in zip(p.fresh_returns, _outputs(len(p.fresh_returns), outputs)):
             if fresh:
                 _note_all(found, value, written, "out", True, tracked)
+    if written_before:
+        for t, before in written_before:
+            entry = found.get(_address(t))
+            if entry is not None and entry.storage != before:  # moved to a block the op allocated
+                entry.fresh = True
     return list(found.values()) if found else []
 
 

@@ -105,6 +105,7 @@ class _Mode(TorchDispatchMode):
                 return _resize(func, args, kwargs, sanitizers)
             return func(*args, **kwargs)
         frame = OpFrame(sites.capture(_depth, skip=1))
+        written_before = accesses.written_storages(plan, args, kwargs) if plan.writes else None
         outer = push_frame(frame)
         try:
             outputs = func(*args, **kwargs)
@@ -115,7 +116,7 @@ class _Mode(TorchDispatchMode):
             _replay_held(frame)  # what the op did issue still happened
             raise
         pop_frame(outer)
-        error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers)
+        error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
         if error is not None:
             raise error
         return outputs
@@ -171,13 +172,13 @@ def _replay_held(frame: OpFrame) -> None:
         hub.deliver(name, args)
 
 
-def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple):
+def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple, written_before=None):
     """Replays the op into each sanitizer; returns the first error one of
     them wants raised (a data race under ``on_race="raise"``)."""
     error = None
     op_name = func._schema.name
     for backend in _backends:
-        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan)
+        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
         events = [(name, a) for hub, name, a in frame.held if hub is backend.hub] if frame.held else ()
         if not found and not events:
             continue
