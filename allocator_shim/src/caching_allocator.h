@@ -198,8 +198,8 @@ class CachingAllocator {
     std::deque<DeviceStats> stats_;  // a deque: pools keep pointers into it
     std::vector<double> fractions_;  // per device; 0: no limit
     static thread_local char* claim_;
-    int claims_ = 0;
-    bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device  // threads with a claim pending: the allocation path reads claim_ only then
+    int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
+    bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device
     int device_count_ = 0;
 };
 
