@@ -103,7 +103,7 @@ def memory_history(allocator):
     torch.cuda.memory._record_memory_history(enabled=None)
     return {**info, "actions": actions, "alloc_frames_named": "make_activations" in frames_of_alloc,
             "live_block_frames_named": "make_activations" in keep_frames,
-            "held_shows_event": any("record_use event" in name for name in held_frames),
+            "held_shows_event": any("event" in name and "reuse waits" in name for name in held_frames),
             "dumped_same_keys": sorted(dumped) == sorted(snap), "tools": tools, "findings": findings(allocator)}
 
 
