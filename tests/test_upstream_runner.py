@@ -172,3 +172,140 @@ def test_resume_skips_ended_and_twice_started_tests(tmp_path):
     path.write_text("".join(json.dumps({"event": e, "nodeid": n}) + "\n" for e, n in events) + "{cut")
     assert shim_plugin.finished_earlier(str(path)) == {"f.py::C::a", "f.py::C::c"}
     assert shim_plugin.finished_earlier(str(tmp_path / "none.jsonl")) == set()
+
+
+# ------------------------------------------------- failure isolation (stepcurrent)
+#
+# The real pipeline (run_suites.py -> pytest -p shim_plugin) on a synthetic
+# suite, --allocator native: no torch, no CUDA.  Test 2 "poisons" its
+# process (as a failed CUDA graph capture does: every later graph test of
+# the process then fails), so tests 3-5 pass only in a fresh process.
+
+POISON = """
+import time
+
+STATE = {"poisoned": False}
+
+
+def test_1():
+    pass
+
+
+def test_2():
+    STATE["poisoned"] = True
+    assert False, "fails and leaves the process poisoned"
+
+
+def test_3():
+    assert not STATE["poisoned"], "poisoned by test_2"
+
+
+def test_4():
+    assert not STATE["poisoned"], "poisoned by test_2"
+
+
+def test_5():
+    assert not STATE["poisoned"], "poisoned by test_2"
+"""
+
+# test_1 hangs, test_2 fails and poisons, test_3 kills its process
+HANG = (POISON.replace('def test_1():\n    pass', 'def test_1():\n    time.sleep(60)')
+        .replace('def test_3():\n', 'def test_3():\n    import os\n    os._exit(3)\n'))
+
+SLOW_FAILURES = "".join(f"\n\ndef test_{i}():\n    import time\n    time.sleep(1)\n    assert False\n"
+                        for i in range(1, 6))
+
+
+def run_synthetic(tmp_path, source: str, *options):
+    """run_suites.py on test/test_synth.py holding ``source``: its stdout and
+    {test name: Result}, and the start count of each test."""
+    upstream = tmp_path / "up"
+    (upstream / "test").mkdir(parents=True, exist_ok=True)
+    (upstream / "test" / "test_synth.py").write_text(source)
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, str(RUNNER), str(upstream), "--suite-file", "test/test_synth.py",
+                           "--allocator", "native", "--no-confirm", "--out", str(out), *options],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = rs.load_run("test_synth", "native", out)
+    results = {key.rpartition("::")[2]: r for key, r in run.results.items()}
+    starts: dict = {}
+    for line in (out / "test_synth" / "native" / "results.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["event"] == "start":
+            starts[record["nodeid"]] = starts.get(record["nodeid"], 0) + 1
+    comparison = json.loads((out / "comparison.json").read_text())
+    return proc.stdout, results, starts, comparison["suites"]["test_synth"]["runs"]["native"]
+
+
+def outcomes(results):
+    return {name: r.outcome for name, r in sorted(results.items())}
+
+
+def test_without_isolation_a_poisoned_process_fails_the_tests_after(tmp_path):
+    stdout, results, starts, run = run_synthetic(tmp_path, POISON, "--no-isolate")
+    assert outcomes(results) == {"test_1": "passed", "test_2": "failed", "test_3": "failed", "test_4": "failed",
+                                 "test_5": "failed"}
+    assert "poisoned by test_2" in results["test_4"].message
+    assert "restart" not in stdout and run["processes"] == 1
+
+
+def test_isolation_restarts_after_the_failing_test(tmp_path):
+    stdout, results, starts, run = run_synthetic(tmp_path, POISON)  # the default
+    assert outcomes(results) == {"test_1": "passed", "test_2": "failed", "test_3": "passed", "test_4": "passed",
+                                 "test_5": "passed"}
+    assert "fails and leaves the process poisoned" in results["test_2"].message  # its own result stays
+    assert "test_synth / native: restart 1 after test_synth.py::test_2 failed, 3 tests left" in stdout
+    assert stdout.count("restart ") == 1 and run["processes"] == 2
+    assert set(starts.values()) == {1} and len(starts) == 5  # nothing ran twice
+
+
+def test_isolation_kills_a_hanging_test_and_goes_on(tmp_path):
+    """A hanging test is killed with its process and recorded as timeout, a
+    test whose process dies under it as error; neither runs again."""
+    stdout, results, starts, run = run_synthetic(tmp_path, HANG, "--test-timeout", "1")
+    assert outcomes(results) == {"test_1": "timeout", "test_2": "failed", "test_3": "error", "test_4": "passed",
+                                 "test_5": "passed"}
+    assert "--test-timeout" in results["test_1"].message
+    assert "exit 3" in results["test_3"].message
+    assert "restart 1 after test_synth.py::test_1 timed out (> 1s), 4 tests left" in stdout
+    assert "restart 2 after test_synth.py::test_2 failed, 3 tests left" in stdout
+    assert "restart 3 after test_synth.py::test_3 crashed its process (exit 3), 2 tests left" in stdout
+    assert set(starts.values()) == {1} and len(starts) == 5 and run["processes"] == 4
+
+
+def test_the_timeout_is_for_the_whole_loop(tmp_path):
+    """Every test fails after 1 s, each in its own process: 5 s of tests
+    at least, so --timeout 3 ends the loop before the last one (a timeout
+    per process would let each of the five processes finish)."""
+    stdout, results, starts, run = run_synthetic(tmp_path, SLOW_FAILURES, "--timeout", "3")
+    assert run["timed_out"] and len(results) < 5, stdout
+    assert "TIMED OUT" in stdout
+    assert set(starts.values()) == {1}
+
+
+def test_isolation_options(tmp_path):
+    assert rs.parse_args([str(tmp_path)]).isolate
+    assert not rs.parse_args([str(tmp_path), "--no-isolate"]).isolate
+    assert rs.parse_args([str(tmp_path), "--no-isolate", "--isolate-failures"]).isolate
+    args = rs.parse_args([str(tmp_path), "--suite-file", "test/test_x.py"])
+    assert args.suites == ["test_x"] and rs.selection("test_x", args) is None
+
+
+def test_jsonl_killed_lines(tmp_path):
+    lines = [{"event": "collected", "nodeids": ["f.py::a", "f.py::b"]},
+             {"event": "start", "nodeid": "f.py::a"},
+             {"event": "killed", "nodeid": "f.py::a", "outcome": "timeout", "message": "ran longer"},
+             {"event": "start", "nodeid": "f.py::b"},
+             {"event": "killed", "nodeid": "f.py::b", "outcome": "error", "message": "process ended"}]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = rs.parse_jsonl(path)
+    assert {k: (r.outcome, r.message) for k, r in results.items()} == {
+        "f::a": ("timeout", "ran longer"), "f::b": ("error", "process ended")}
+    sys.path.insert(0, str(RUNNER.parent))
+    try:
+        import shim_plugin
+    finally:
+        sys.path.remove(str(RUNNER.parent))
+    assert shim_plugin.finished_earlier(str(path)) == {"f.py::a", "f.py::b"}

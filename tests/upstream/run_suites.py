@@ -8,12 +8,18 @@ runs every suite of SUITES (the upstream files, fetched as
 tests/upstream/SOURCES.txt says, under UPSTREAM/test/...) once with
 NPU_LIFETIME_UPSTREAM_ALLOCATOR=native and once with =shim, the two
 allocators side by side as two pytest processes (--serial: one after the
-other), each suite under its own timeout.  Then the tests whose outcome
+other), each suite under its own timeout.  Each allocator's run of a suite
+is a loop of pytest processes with -x, as torch CI's run_test.py
+"stepcurrent" does: when a test fails, the next process goes on from the
+test after it, so that a failure which leaves the process in a bad state (a
+CUDA graph capture left open) cannot fail the tests after it; a test that
+outlives --test-timeout is killed and recorded as timeout, and the loop goes
+on past it (--no-isolate: one process for the whole suite).  Then the tests whose outcome
 differs are run once more, alone and one allocator after the other, so that
 a difference caused by the two runs sharing the GPU is told apart
 (--no-confirm skips that).
 
-Prints a line per finished suite and allocator, then the counts per
+Prints a line per restart and per finished suite and allocator, then the counts per
 allocator and every difference with the head of its failure message; the
 same goes to OUT/comparison.json and OUT/comparison.md.  Exit status 0 when
 the pass sets are the same, 1 when they differ, 2 on a usage error.
@@ -146,8 +152,9 @@ def parse_junit(path) -> dict:
 
 def parse_jsonl(path) -> dict:
     """{test id: Result} from the plugin's results.jsonl: for a run killed by
-    its timeout (no junit file); a test that started and never ended is a
-    timeout."""
+    its timeout (no junit file), and for the processes of an isolated run; a
+    test that started and never ended is a timeout, one that run_suites.py
+    marked ``killed`` has the outcome and message of that line."""
     results: dict = {}
     open_tests: set = set()
     with open(path) as fh:
@@ -163,6 +170,9 @@ def parse_jsonl(path) -> dict:
                 open_tests.add(nodeid)
             elif event == "end":
                 open_tests.discard(nodeid)
+            elif event == "killed":
+                open_tests.discard(nodeid)
+                results[key] = Result(record.get("outcome", "timeout"), record.get("message", ""))
             elif event == "report":
                 outcome = record.get("outcome")
                 if record.get("xfail") and outcome == "skipped":
@@ -229,6 +239,8 @@ def render_markdown(comparison: dict, title: str = "torch's allocator tests: nat
         for name, run in block.get("runs", {}).items():
             state = "TIMED OUT" if run.get("timed_out") else f"exit {run.get('returncode')}"
             lines.append(f"- {name}: {state}, {run.get('elapsed_s')}s, backend {run.get('allocator_backend')}"
+                         + (f", {run['processes']} pytest processes ({len(run.get('restarts') or [])} restarts)"
+                            if (run.get("processes") or 1) > 1 else "")
                          + (f", shim findings {run.get('shim_findings')}" if name == "shim" and run.get("shim_findings") is not None else "")
                          + (f", ERROR {run['error']}" if run.get("error") else ""))
         lines.append("")
@@ -263,6 +275,8 @@ class Run:
     timed_out: bool = False
     results: dict = field(default_factory=dict)
     report: dict = field(default_factory=dict)
+    processes: int = 1  # pytest processes of an isolated run
+    restarts: list = field(default_factory=list)  # "<node id> <why>" per restart
 
 
 def pytest_command(python: str, upstream: Path, path: str, junit: Path, extra: list) -> list:
@@ -320,12 +334,7 @@ def run_one(run: Run, command: list, env: dict, timeout: float, log, resume: boo
             run.returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             run.timed_out = True
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _stop(proc)
             run.returncode = proc.returncode
     run.elapsed = time.time() - start
     junit, jsonl, report = run.out / "junit.xml", run.out / "results.jsonl", run.out / "report.json"
@@ -335,18 +344,178 @@ def run_one(run: Run, command: list, env: dict, timeout: float, log, resume: boo
         run.results = parse_jsonl(jsonl)
     if report.exists():
         run.report = json.loads(report.read_text())
+    log_finished(run, log)
+    return run
+
+
+def log_finished(run: Run, log) -> None:
     tally = counts(run.results)
     state = "TIMED OUT" if run.timed_out else f"exit {run.returncode}"
     log(f"[{time.strftime('%H:%M:%S')}] {run.suite} / {run.allocator}: {state} after {run.elapsed:.0f}s: "
         + ", ".join(f"{tally[o]} {o}" for o in OUTCOMES if tally[o]) + f" ({tally['total']} tests)"
+        + (f" in {run.processes} pytest processes" if run.processes > 1 else "")
         + (f"; shim findings: {run.report.get('finding_count')}" if run.allocator == "shim" and run.report else "")
         + ("" if run.results else f"; no results, see {run.out / 'pytest.log'}"))
+
+
+def _stop(proc) -> None:
+    """SIGTERM to the pytest process's group, SIGKILL after 30 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class JsonlTail:
+    """What one pytest process appends to results.jsonl, read as it grows:
+    the node ids it collected, the tests it is in (with their start times),
+    those that ended, and the last that failed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self._cut = b""
+        self.collected = None  # node ids, from the plugin's "collected" line
+        self.open: dict = {}  # node id -> start time
+        self.ended: list = []
+        self.last_bad = None  # (node id, "failed" | "failed in setup" | ...)
+
+    def read(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        lines = (self._cut + data).split(b"\n")
+        self._cut = lines.pop()
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            event, nodeid = record.get("event"), record.get("nodeid")
+            if event == "collected":
+                self.collected = list(record.get("nodeids", []))
+            elif event == "start":
+                self.open[nodeid] = record.get("t") or time.time()
+            elif event == "end":
+                self.open.pop(nodeid, None)
+                self.ended.append(nodeid)
+            elif event == "report" and record.get("outcome") == "failed":
+                when = record.get("when")
+                self.last_bad = (nodeid, "failed" if when == "call" else f"failed in {when}")
+
+
+def _kill_record(path: Path, nodeid: str, outcome: str, message: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"event": "killed", "nodeid": nodeid, "outcome": outcome, "message": message}) + "\n")
+
+
+POLL_S = 0.25
+
+
+def run_isolated(run: Run, command: list, env: dict, timeout: float, test_timeout: float, log,
+                 resume: bool = False) -> Run:
+    """A loop of pytest processes with -x, each going on after the tests the
+    ones before it finished (the plugin's resume), until every collected test
+    has a result or ``timeout`` (for the whole loop) is spent.  The failing
+    test keeps its result; the tests after it run in a fresh process.  A test
+    that runs longer than ``test_timeout`` seconds (0: no limit) is killed with
+    its process and recorded as timeout; one whose process dies under it, as
+    error; neither is run again."""
+    run.out.mkdir(parents=True, exist_ok=True)
+    for stale in (("junit.xml",) if resume else ("results.jsonl", "report.json", "junit.xml")):
+        (run.out / stale).unlink(missing_ok=True)
+    env = dict(env, NPU_LIFETIME_UPSTREAM_RESUME="1")  # an empty results.jsonl resumes nothing
+    command = list(command) + ["-x"]
+    (run.out / "command.txt").write_text(" ".join(command) + "\n")
+    jsonl = run.out / "results.jsonl"
+    start = time.time()
+    deadline = start + timeout
+    name = f"{run.suite} / {run.allocator}"
+    run.processes = 0
+    with open(run.out / "pytest.log", "a" if resume else "w") as logfile:
+        while True:
+            run.processes += 1
+            logfile.write(f"\n==== run_suites: pytest process {run.processes} of {name} ====\n")
+            logfile.flush()
+            tail = JsonlTail(jsonl)
+            proc = subprocess.Popen(command, cwd=str(REPO), env=env, stdout=logfile, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            killed = None  # "deadline" | node id of a test past test_timeout
+            while True:
+                try:
+                    run.returncode = proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                tail.read()
+                now = time.time()
+                if now >= deadline:
+                    killed = "deadline"
+                elif test_timeout > 0:
+                    late = [n for n, t in tail.open.items() if now - t > test_timeout]
+                    killed = late[0] if late else None
+                if killed:
+                    _stop(proc)
+                    run.returncode = proc.returncode
+                    logfile.write(f"\n==== run_suites: killed process {run.processes} "
+                                  + ("at the suite's --timeout" if killed == "deadline" else
+                                     f"after {killed} ran past --test-timeout") + " ====\n")
+                    logfile.flush()
+                    break
+            tail.read()
+            if killed == "deadline":
+                run.timed_out = True  # the test it was in: "timeout" (parse_jsonl), rerun by a later --resume
+                break
+            cause = None
+            for nodeid in list(tail.open):  # killed for its timeout, or the process died under it
+                if nodeid == killed:
+                    outcome, why = "timeout", f"timed out (> {test_timeout:.0f}s)"
+                    message = (f"ran longer than --test-timeout {test_timeout:.0f}s: killed with its pytest "
+                               "process; the tests after it ran in a fresh one")
+                else:
+                    outcome, why = "error", f"crashed its process (exit {run.returncode})"
+                    message = f"the pytest process ended (exit {run.returncode}) while this test ran"
+                _kill_record(jsonl, nodeid, outcome, message)
+                tail.open.pop(nodeid)
+                tail.ended.append(nodeid)
+                cause = (nodeid, why)
+            cause = cause or tail.last_bad
+            done = set(tail.ended)
+            left = [n for n in (tail.collected or []) if n not in done]
+            if not left:
+                break
+            if not tail.ended or run.returncode == 0 or cause is None:
+                log(f"[{time.strftime('%H:%M:%S')}] {name}: process {run.processes} stopped "
+                    f"(exit {run.returncode}) with {len(left)} tests left and no failing test to go on "
+                    f"after; not restarted, see {run.out / 'pytest.log'}")
+                break
+            if time.time() >= deadline:
+                run.timed_out = True
+                break
+            run.restarts.append(f"{cause[0]} {cause[1]}")
+            log(f"[{time.strftime('%H:%M:%S')}] {name}: restart {len(run.restarts)} after "
+                f"{cause[0]} {cause[1]}, {len(left)} tests left")
+    run.elapsed = time.time() - start
+    if jsonl.exists():
+        run.results = parse_jsonl(jsonl)
+    if (run.out / "report.json").exists():
+        run.report = json.loads((run.out / "report.json").read_text())
+    log_finished(run, log)
     return run
 
 
 def run_suite_allocators(suite: str, upstream: Path, allocators, keywords, out: Path, args, log,
                          serial: bool, extra=()) -> dict:
-    path = SUITES[suite][0]
+    path = args.table[suite][0]
     runs = {}
     threads = []
     for allocator in allocators:
@@ -356,10 +525,14 @@ def run_suite_allocators(suite: str, upstream: Path, allocators, keywords, out: 
                                  list(args.pytest_args) + list(extra))
         env = environment(allocator, upstream, run_out, args.slow, args.site, args.python, keywords)
         runs[allocator] = run
-        if serial:
-            run_one(run, command, env, args.timeout, log, args.resume)
+        if args.isolate:  # each allocator loops on its own
+            target = (run_isolated, (run, command, env, args.timeout, args.test_timeout, log, args.resume))
         else:
-            thread = threading.Thread(target=run_one, args=(run, command, env, args.timeout, log, args.resume))
+            target = (run_one, (run, command, env, args.timeout, log, args.resume))
+        if serial:
+            target[0](*target[1])
+        else:
+            thread = threading.Thread(target=target[0], args=target[1])
             thread.start()
             threads.append(thread)
     for thread in threads:
@@ -378,7 +551,7 @@ def _node_for(test: str, upstream: Path, path: str) -> str:
 def confirm(suite: str, block: dict, upstream: Path, out: Path, args, log) -> None:
     """Runs each differing test alone, one allocator after the other, and
     marks whether the difference holds there."""
-    path = SUITES[suite][0]
+    path = args.table[suite][0]
     for index, diff in enumerate(block["differences"]):
         if "absent" in diff["outcomes"].values():
             continue
@@ -418,7 +591,18 @@ def parse_args(argv=None):
     parser.add_argument("--whole", action="store_true",
                         help="drop the allocator-relevant selection (SUITES' -k): every test of the files")
     parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="seconds one suite under one allocator may run before it is killed (default 3600)")
+                        help="seconds one suite under one allocator may run, all its pytest processes together, "
+                             "before it is killed (default 3600)")
+    parser.add_argument("--isolate-failures", dest="isolate", action="store_true", default=True,
+                        help="(default) run each suite as a loop of pytest processes with -x: after a failing "
+                             "test the next process goes on from the test after it, so that a failure that "
+                             "leaves the process in a bad state (a CUDA graph capture left open) cannot fail "
+                             "the tests after it (torch CI's run_test.py stepcurrent)")
+    parser.add_argument("--no-isolate", dest="isolate", action="store_false",
+                        help="one pytest process for the whole suite, going on past failures")
+    parser.add_argument("--test-timeout", type=float, default=300.0,
+                        help="with isolation: seconds one test may run before it is killed with its process, "
+                             "recorded as timeout and skipped by the next process (default 300; 0: no limit)")
     parser.add_argument("--out", "-o", type=Path, default=REPO / ".gl" / "upstream-runs",
                         help="output folder (default .gl/upstream-runs)")
     parser.add_argument("--serial", action="store_true",
@@ -436,16 +620,24 @@ def parse_args(argv=None):
                              "command's time: repeat the same command with --resume until nothing is left")
     parser.add_argument("--compare-only", action="store_true",
                         help="run nothing: compare the results already under --out")
+    parser.add_argument("--suite-file", metavar="PATH",
+                        help="for the runner's own tests: run the pytest file PATH (relative to UPSTREAM, under "
+                             "its test/ folder) as the only suite, named after the file, with no selection")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     args = parser.parse_args(argv)
     args.allocators = ALLOCATORS if args.allocator == "both" else (args.allocator,)
-    args.suites = args.suite or list(SUITES)
+    if args.suite_file:
+        args.table = {Path(args.suite_file).stem: (args.suite_file, None)}
+        args.suites = list(args.table)
+    else:
+        args.table = SUITES
+        args.suites = args.suite or list(SUITES)
     return args
 
 
 def selection(suite: str, args) -> str | None:
     parts = []
-    default = SUITES[suite][1]
+    default = args.table[suite][1]
     if default and not args.whole:
         parts.append(f"({default})")
     parts += [f"({k})" for k in args.keywords]
@@ -468,7 +660,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     upstream = args.upstream.resolve()
     out = args.out.resolve()
-    missing = [SUITES[s][0] for s in args.suites if not (upstream / SUITES[s][0]).exists()]
+    missing = [args.table[s][0] for s in args.suites if not (upstream / args.table[s][0]).exists()]
     if missing and not args.compare_only:
         print(f"run_suites: not under {upstream}: {', '.join(missing)} (see tests/upstream/SOURCES.txt)",
               file=sys.stderr)
@@ -482,21 +674,23 @@ def main(argv=None) -> int:
 
     started = time.time()
     log(f"run_suites: {', '.join(args.suites)} under {', '.join(args.allocators)}"
-        f" ({'one after the other' if args.serial else 'side by side'}), timeout {args.timeout:.0f}s a run,"
-        f" output {out}")
+        f" ({'one after the other' if args.serial else 'side by side'}), timeout {args.timeout:.0f}s a run"
+        + (f" (a pytest process per failure, {args.test_timeout:.0f}s a test)" if args.isolate else
+           " (one pytest process)") + f", output {out}")
     comparison = {"meta": {}, "suites": {}}
     for suite in args.suites:
         keywords = selection(suite, args)
         if args.compare_only:
             runs = {a: load_run(suite, a, out) for a in args.allocators}
         else:
-            log(f"[{time.strftime('%H:%M:%S')}] {suite}: {SUITES[suite][0]}" + (f" selecting {keywords!r}" if keywords else ""))
+            log(f"[{time.strftime('%H:%M:%S')}] {suite}: {args.table[suite][0]}" + (f" selecting {keywords!r}" if keywords else ""))
             runs = run_suite_allocators(suite, upstream, args.allocators, keywords, out, args, log, args.serial)
         block = compare({a: r.results for a, r in runs.items()})
         block["runs"] = {a: {"returncode": r.returncode, "timed_out": r.timed_out, "elapsed_s": round(r.elapsed, 1),
                              "allocator_backend": r.report.get("allocator_backend"),
                              "versions": r.report.get("versions"), "error": r.report.get("error"),
                              "shim_findings": r.report.get("finding_count"),
+                             "processes": r.processes, "restarts": r.restarts,
                              "tests_with_findings": sorted(r.report.get("findings", {}))[:50]}
                          for a, r in runs.items()}
         block["selection"] = keywords
@@ -506,7 +700,7 @@ def main(argv=None) -> int:
         comparison["suites"][suite] = block
     comparison["meta"] = {"upstream": str(upstream), "allocators": list(args.allocators),
                           "elapsed_s": round(time.time() - started, 1),
-                          "side_by_side": not args.serial}
+                          "side_by_side": not args.serial, "isolated": args.isolate}
     (out / "comparison.json").write_text(json.dumps(comparison, indent=1, default=lambda o: o.__dict__))
     markdown = render_markdown(comparison)
     (out / "comparison.md").write_text(markdown)

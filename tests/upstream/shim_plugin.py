@@ -15,6 +15,11 @@ Each finished test is appended to ``$NPU_LIFETIME_UPSTREAM_OUT/results.jsonl``
 as it ends (a run killed by the suite timeout still leaves the tests it
 finished, and the test it was in is the last "start" line without an end),
 and ``report.json`` there gets the backend, versions and findings at the end.
+After collection and selection, a ``collected`` line lists the node ids this
+process will run (``run_suites.py`` counts what is left from it when it
+restarts a process after a failure).  torch is only looked at when a test
+module imported it (a synthetic suite of the runner's own tests runs without
+it).
 """
 from __future__ import annotations
 
@@ -100,7 +105,9 @@ def _load_earlier_findings() -> None:
 
 
 def finished_earlier(path) -> set:
-    """Node ids results.jsonl shows ended, or started twice without ending."""
+    """Node ids results.jsonl shows ended (or ``killed``: run_suites.py
+    killed the process for the test's own timeout, or the process died in
+    it), or started twice without ending."""
     ended, starts = set(), {}
     if path and os.path.exists(path):
         with open(path) as fh:
@@ -109,7 +116,7 @@ def finished_earlier(path) -> set:
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if record.get("event") == "end":
+                if record.get("event") in ("end", "killed"):
                     ended.add(record.get("nodeid"))
                 elif record.get("event") == "start":
                     starts[record.get("nodeid")] = starts.get(record.get("nodeid"), 0) + 1
@@ -128,6 +135,11 @@ def pytest_collection_modifyitems(config, items) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_collection_finish(session) -> None:
+    # what this process will run, after every plugin's selection
+    _append({"event": "collected", "nodeids": [item.nodeid for item in session.items]})
 
 
 def _drain_findings() -> list:
@@ -173,7 +185,15 @@ def _head(text: str, lines: int = 12, chars: int = 2000) -> str:
     return "\n".join(kept)[-chars:]
 
 
+def _torch():
+    """torch when a test module imported it, else None (importing it here
+    only for the report would cost seconds a process)."""
+    return sys.modules.get("torch")
+
+
 def _backend() -> str:
+    if _torch() is None:
+        return "torch not imported"
     try:
         import torch
 
@@ -189,11 +209,11 @@ def _write_report() -> None:
     if not path:
         return
     try:
-        import torch
-
-        versions = {"torch": torch.__version__, "cuda": torch.version.cuda}
+        torch = _torch()
+        versions = ({"torch": torch.__version__, "cuda": torch.version.cuda} if torch is not None
+                    else {"torch": "not imported"})
     except Exception as err:  # noqa: BLE001
-        versions = {"torch": f"unimportable ({err!r})"}
+        versions = {"torch": f"unreadable ({err!r})"}
     report = {
         "allocator": _state["allocator"],
         "allocator_backend": _backend(),
