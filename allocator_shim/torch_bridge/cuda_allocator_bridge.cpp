@@ -30,6 +30,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -114,24 +115,26 @@ bool in_pool(const npl_block_record& r, MempoolId_t id) { return r.pool_id0 == i
 
 // torch's memory history (_record_memory_history): a trace ring per device
 // and the stack of each live allocation, both from torch's context recorder.
+// Every allocation and free passes through here: with history off (the
+// usual case) each call returns after one atomic load, without the lock.
+// Stacks of live blocks are kept only while it is on (turning it off drops
+// them), so a free with history off has nothing to forget.
 class History {
    public:
     void configure(bool enabled, cca::CreateContextFn recorder, size_t max_entries, cca::RecordContext when,
                    bool clear) {
         std::lock_guard<std::mutex> lock(mu_);
-        enabled_ = enabled;
+        enabled_.store(enabled, std::memory_order_relaxed);
         recorder_ = recorder;
         max_entries_ = std::max<size_t>(max_entries, 1);
         when_ = enabled ? when : cca::RecordContext::NEVER;
         if (clear || !enabled) traces_.clear();
         if (!enabled) contexts_.clear();
     }
-    bool enabled() {
-        std::lock_guard<std::mutex> lock(mu_);
-        return enabled_;
-    }
+    bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
     // The caller's stack, if this kind of event keeps one (gathered without the lock).
     std::shared_ptr<c10::GatheredContext> context(cca::RecordContext needed) {
+        if (!enabled()) return nullptr;
         cca::CreateContextFn recorder = nullptr;
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -141,8 +144,9 @@ class History {
     }
     void on_alloc(void* ptr, size_t size, int device, cudaStream_t stream,
                   const std::shared_ptr<c10::GatheredContext>& ctx) {
+        if (!enabled()) return;
         std::lock_guard<std::mutex> lock(mu_);
-        if (!enabled_) return;
+        if (!enabled()) return;
         if (ctx != nullptr) contexts_[ptr] = ctx;
         add(cca::TraceEntry::ALLOC, device, ptr, size, stream, when_ >= cca::RecordContext::ALLOC ? ctx : nullptr);
     }
@@ -151,15 +155,17 @@ class History {
     // (the snapshot's blocks show which are still pending).
     void on_free(void* ptr, size_t size, int device, cudaStream_t stream,
                  const std::shared_ptr<c10::GatheredContext>& ctx) {
+        if (!enabled()) return;
         std::lock_guard<std::mutex> lock(mu_);
         contexts_.erase(ptr);
-        if (!enabled_) return;
+        if (!enabled()) return;
         add(cca::TraceEntry::FREE_REQUESTED, device, ptr, size, stream, ctx);
         add(cca::TraceEntry::FREE_COMPLETED, device, ptr, size, stream, ctx);
     }
     void on_oom(int device, size_t size, cudaStream_t stream) {
+        if (!enabled()) return;
         std::lock_guard<std::mutex> lock(mu_);
-        if (enabled_) add(cca::TraceEntry::OOM, device, nullptr, size, stream, nullptr);
+        if (enabled()) add(cca::TraceEntry::OOM, device, nullptr, size, stream, nullptr);
     }
     std::shared_ptr<c10::GatheredContext> allocated_at(void* ptr) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -187,7 +193,7 @@ class History {
     }
 
     std::mutex mu_;
-    bool enabled_ = false;
+    std::atomic<bool> enabled_{false};
     cca::CreateContextFn recorder_ = nullptr;
     size_t max_entries_ = 1;
     cca::RecordContext when_ = cca::RecordContext::NEVER;
