@@ -168,21 +168,15 @@ CUDA_BRIDGE_ENTRIES = ("cacheInfo", "recordHistory", "snapshot", "createOrIncref
 
 def _cuda_bridge():
     """The CUDA bridge's path (the shim as torch's CUDA allocator, every entry
-    point answered), or None with a warning when it can't be built: then
-    the plain pluggable allocator, without those entry points."""
+    point answered), or None: then the plain pluggable allocator, without
+    those entry points."""
     from . import bridge
 
-    if os.environ.get("NPU_LIFETIME_BRIDGE", "1") == "0" or os.environ.get("NPU_LIFETIME_CUDA_BRIDGE", "1") == "0":
-        return None
-    try:
-        return bridge.build(name=bridge.CUDA_BRIDGE)
-    except bridge.BridgeUnavailable as err:
-        warnings.warn(
-            f"npu_lifetime: {err}; the shim is installed as a plain CUDAPluggableAllocator: cudnn benchmark, "
-            "memory history, MemPool and cudagraph-tree checkpoints that need storages rewired raise",
-            RuntimeWarning, stacklevel=3,
-        )
-        return None
+    return _optional_bridge(
+        lambda: bridge.build(name=bridge.CUDA_BRIDGE), "NPU_LIFETIME_CUDA_BRIDGE",
+        without="the shim is installed as a plain CUDAPluggableAllocator: cudnn benchmark, memory history, MemPool "
+                "and cudagraph-tree checkpoints that need storages rewired raise",
+    )
 
 
 def _install_cuda_bridge(path) -> None:
@@ -196,23 +190,33 @@ def _install_cuda_bridge(path) -> None:
 
 
 def _bridge():
-    """The torch bridge's path, or None (with a warning) when it can't be
-    built; ``NPU_LIFETIME_BRIDGE=0`` leaves it out on purpose."""
+    """The torch bridge's path, or None."""
     from . import bridge
 
-    if os.environ.get("NPU_LIFETIME_BRIDGE", "1") == "0":
-        return None
-
-    try:
+    def built_and_connected():
         path = bridge.build()
         bridge.connect(path)
         return path
+
+    return _optional_bridge(
+        built_and_connected,
+        without="without the torch bridge an allocation the shim cannot serve returns address 0 instead of raising "
+                "torch.OutOfMemoryError (the shim's out_of_memory finding still says why)",
+    )
+
+
+def _optional_bridge(load, *switches: str, without: str):
+    """``load()``'s bridge, or None: left out on purpose when
+    ``NPU_LIFETIME_BRIDGE`` or one of ``switches`` is "0", and with a
+    warning that says what is ``without`` it when it can't be built."""
+    from . import bridge
+
+    if any(os.environ.get(name, "1") == "0" for name in ("NPU_LIFETIME_BRIDGE", *switches)):
+        return None
+    try:
+        return load()
     except bridge.BridgeUnavailable as err:
-        warnings.warn(
-            f"npu_lifetime: {err}; without the torch bridge an allocation the shim cannot serve returns "
-            "address 0 instead of raising torch.OutOfMemoryError (the shim's out_of_memory finding still says why)",
-            RuntimeWarning, stacklevel=3,
-        )
+        warnings.warn(f"npu_lifetime: {err}; {without}", RuntimeWarning, stacklevel=4)
         return None
 
 
