@@ -26,8 +26,26 @@ if os.environ.get("NPL_DEBUG_INVARIANTS") == "1":
     FLAGS += ["-DNPL_CHECK_INVARIANTS", "-g"]
 
 
+# Python extensions the package works without (each has a pure-Python
+# equivalent): a failed build (no Python headers, no compiler) is a warning.
+OPTIONAL_EXTENSIONS = [
+    # the sanitizer's stack walk (npu_lifetime/sanitizer/sites.py)
+    Extension("npu_lifetime.sanitizer._frames", sources=["npu_lifetime/sanitizer/_frames.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+]
+
+
 class BuildShim(build_ext):
     def build_extension(self, ext):
+        if ext in OPTIONAL_EXTENSIONS:
+            try:
+                super().build_extension(ext)
+            except Exception as error:  # noqa: BLE001 - any failure leaves the pure-Python path
+                print(f"warning: {ext.name} not built ({error}); the pure-Python equivalent is used")
+            return
+        self._build_shim(ext)
+
+    def _build_shim(self, ext):
         """Each source compiled on its own core (the install's longest step:
         about 30 s of CPU), then linked."""
         out = Path(self.get_ext_fullpath(ext.name))
@@ -51,6 +69,7 @@ class BuildShim(build_ext):
 
 
 setup(
-    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, *map(str, BRIDGES)])],
+    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, *map(str, BRIDGES)]),
+                 *OPTIONAL_EXTENSIONS],
     cmdclass={"build_ext": BuildShim},
 )

@@ -1,5 +1,6 @@
-"""Cheap call sites: a capture keeps the code objects and line numbers of
-the user's frames only (whether a code object is the user's is decided once
+"""Cheap call sites: a capture keeps the code objects and instruction
+offsets of the user's frames only (line numbers are worked out when a report
+or a grouping needs them: reading ``f_lineno`` costs about as much as an op) (whether a code object is the user's is decided once
 per code object), stops after ``depth`` of them, and is formatted only when
 a report needs it (CSAN extracts a full StackSummary on every access, a
 large part of its cost).  Frames of this package, torch, the standard
@@ -16,6 +17,11 @@ import sys
 import sysconfig
 import threading
 from typing import Optional
+
+try:  # the native walk (_frames.c); the Python walk below does the same, slower
+    from . import _frames as _native_frames
+except ImportError:  # not built (no C compiler at install)
+    _native_frames = None
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_PACKAGE_DIR, "viz", "demo.py")
@@ -70,7 +76,11 @@ def _internal(filename: str) -> bool:
     return _classify(filename) != _USER
 
 
-_phase = threading.local()
+class _Phase(threading.local):
+    text: Optional[str] = None  # a class default: a missing attribute would cost an exception per capture
+
+
+_phase = _Phase()
 
 
 @contextlib.contextmanager
@@ -78,7 +88,7 @@ def phase(description: str):
     """What the program is doing when no user frame is on the stack (e.g.
     "after the script ended: the garbage collector ran before the
     report"): frees captured inside this block say so."""
-    outer = getattr(_phase, "text", None)
+    outer = _phase.text
     _phase.text = description
     try:
         yield
@@ -88,7 +98,7 @@ def phase(description: str):
 
 def _frameless_context(library: tuple) -> str:
     """Why a capture found no user frame, as truthfully as can be told."""
-    text = getattr(_phase, "text", None)
+    text = _phase.text
     if text:
         where = text
     elif sys.is_finalizing():
@@ -105,14 +115,33 @@ def _frameless_context(library: tuple) -> str:
 
 class Site:
     """The user frames (innermost first) above the point of capture, and the
-    innermost library (torch) frames below them."""
+    innermost library (torch) frames below them.  Captured as (code,
+    instruction offset) pairs; ``frames`` and ``library`` give (code, line)
+    pairs, worked out on first use."""
 
-    __slots__ = ("frames", "library", "context")
+    __slots__ = ("raw_frames", "raw_library", "context", "_frames", "_library")
 
-    def __init__(self, frames: tuple, library: tuple = (), context: str = "") -> None:
-        self.frames = frames  # ((code, lineno), ...)
-        self.library = library  # ((code, lineno), ...): torch's, innermost first
+    def __init__(self, frames: tuple, library: tuple = (), context: str = "", offsets: bool = False) -> None:
+        # offsets: the pairs hold instruction offsets (a capture); else line numbers
+        self.raw_frames = frames if offsets else None
+        self.raw_library = library if offsets else None
+        self._frames = None if offsets else frames
+        self._library = None if offsets else library
         self.context = context  # with no user frame: why (thread, interpreter exit, ...)
+
+    @property
+    def frames(self) -> tuple:
+        """((code, lineno), ...), innermost first."""
+        if self._frames is None:
+            self._frames = _with_lines(self.raw_frames)
+        return self._frames
+
+    @property
+    def library(self) -> tuple:
+        """((code, lineno), ...): torch's, innermost first."""
+        if self._library is None:
+            self._library = _with_lines(self.raw_library)
+        return self._library
 
     def user_frames(self) -> list:
         return [(code.co_filename, line, code.co_name) for code, line in self.frames]
@@ -177,7 +206,7 @@ def key(site) -> object:
     return site
 
 
-_kind_of: dict = {}  # code object -> _USER, _PASS or _RUNNER
+_kind_of: dict = {}  # id(code) -> (_USER, _PASS, _RUNNER or _LIBRARY, code): code objects hash slowly
 _MAX_WALK = 128  # frames looked at, at most
 
 
@@ -187,31 +216,55 @@ def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
     between the capture and the first user frame (at most 8)."""
     if depth <= 0:
         return None
-    phase_text = getattr(_phase, "text", None)
+    phase_text = _phase.text
     if phase_text:  # a runner's own step (its garbage collection): the frames above are not the program's
         return Site((), (), phase_text)
-    frame = sys._getframe(skip)
-    frames = []
-    library = []
-    append = frames.append
+    if _native_frames is not None:
+        frames, library = _native_frames.capture(_kind_of, _classify, depth, skip, _MAX_WALK, _LIBRARY_FRAMES)
+    else:
+        frames, library = _walk(sys._getframe(skip), depth)
+    if not frames:
+        library_lines = _with_lines(library)
+        return Site((), library_lines, _frameless_context(library_lines))
+    return Site(frames, library, offsets=True)
+
+
+def _walk(frame, depth: int) -> tuple:
+    """capture's walk in Python: (user frames, library frames) as (code,
+    instruction offset) pairs, innermost first."""
+    frames: list = []
+    library: list = []
     kind_of = _kind_of
     walked = 0
     while frame is not None and walked < _MAX_WALK:
         code = frame.f_code
-        kind = kind_of.get(code)
-        if kind is None:
-            kind = kind_of[code] = _classify(code.co_filename)
+        entry = kind_of.get(id(code))
+        if entry is None:
+            entry = kind_of[id(code)] = (_classify(code.co_filename), code)
+        kind = entry[0]
         if kind == _USER:
-            append((code, frame.f_lineno))
+            frames.append((code, frame.f_lasti))
             if len(frames) == depth:
                 break
         elif kind == _LIBRARY:
             if not frames and len(library) < _LIBRARY_FRAMES:
-                library.append((code, frame.f_lineno))
+                library.append((code, frame.f_lasti))
         elif kind == _RUNNER and frames:
             break
         frame = frame.f_back
         walked += 1
-    if not frames:
-        return Site((), tuple(library), _frameless_context(tuple(library)))
-    return Site(tuple(frames), tuple(library))
+    return tuple(frames), tuple(library)
+
+
+def _with_lines(pairs: tuple) -> tuple:
+    """(code, instruction offset) pairs as (code, line) pairs."""
+    return tuple((code, _line(code, offset)) for code, offset in pairs)
+
+
+def _line(code, offset: int) -> Optional[int]:
+    if _native_frames is not None:
+        return _native_frames.lineno(code, offset)
+    for start, end, line in code.co_lines():  # what f_lineno reads, in Python
+        if start <= offset < end:
+            return line
+    return None
