@@ -32,6 +32,9 @@ OPTIONAL_EXTENSIONS = [
     # the sanitizer's stack walk (npu_lifetime/sanitizer/sites.py)
     Extension("npu_lifetime.sanitizer._frames", sources=["npu_lifetime/sanitizer/_frames.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the sanitizer's scan of an op's tensor arguments (npu_lifetime/sanitizer/accesses.py)
+    Extension("npu_lifetime.sanitizer._scan", sources=["npu_lifetime/sanitizer/_scan.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
 ]
 
 

@@ -205,26 +205,38 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
     arguments = p.arguments
     if p.training is not None and _in_training(p, args, kwargs):
         arguments = p.training_arguments
-    for i, name, mode in arguments:
-        if i < count:
-            _note_all(found, args[i], mode, name, False, tracked)
+    note_all = _note_all if _native_scan is None else _native_scan.value
+    if _native_scan is not None:
+        _native_scan.arguments(found, arguments, args, tracked)
+    else:
+        for i, name, mode in arguments:
+            if i < count:
+                _note_all(found, args[i], mode, name, False, tracked)
     if kwargs:
         by_name = p.by_name if arguments is p.arguments else {name: mode for _, name, mode in arguments}
         for name, value in kwargs.items():
             mode = by_name.get(name)
             if mode is not None:
-                _note_all(found, value, mode, name, False, tracked)
+                note_all(found, value, mode, name, False, tracked)
     if p.fresh_returns:
         written = not p.allocates_only
         for fresh, value in zip(p.fresh_returns, _outputs(len(p.fresh_returns), outputs)):
             if fresh:
-                _note_all(found, value, written, "out", True, tracked)
+                note_all(found, value, written, "out", True, tracked)
     if written_before:
         for t, before in written_before:
             entry = found.get(_address(t))
             if entry is not None and entry.storage != before:  # moved to a block the op allocated
                 entry.fresh = True
     return list(found.values()) if found else []
+
+
+try:  # the scan below in C (_scan.c): the same rules, without a Python frame per tensor
+    from . import _scan as _native_scan
+except ImportError:  # not built
+    _native_scan = None
+else:
+    _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value))
 
 
 def _note_all(found: dict, value, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:

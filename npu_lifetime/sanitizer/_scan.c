@@ -1,0 +1,207 @@
+/* The sanitizer's per-op scan of tensor arguments, native: which storages an
+ * op touches, by base address (accesses.op_accesses; the rules are in
+ * accesses.py's docstring).  It does what accesses._note_all does for each
+ * (value, mode, name), and no more: values other than plain tensors (lists,
+ * wrapper subclasses) go through the Python generator accesses._tensors.
+ * No torch headers: tensors are reached through their Python methods.
+ *
+ * configure(StorageAccess, tensor_types, tensors_fn) once, then
+ *   arguments(found, plan_arguments, args, tracked)   positional arguments
+ *   value(found, value, is_write, name, fresh, tracked)
+ * found: {address: StorageAccess}, filled in argument order.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *storage_access_class, *tensor_types, *tensors_fn;
+static PyObject *str_untyped_storage, *str_data_ptr, *str_get_device, *str_fresh, *str_accessed, *str_is_write,
+    *str_names;
+
+/* t.untyped_storage().data_ptr(); 0 with no error for a tensor without
+ * storage (RuntimeError, NotImplementedError: sparse, meta...). */
+static int storage_address(PyObject *t, uintptr_t *out) {
+    *out = 0;
+    PyObject *storage = PyObject_CallMethodNoArgs(t, str_untyped_storage);
+    PyObject *ptr = storage ? PyObject_CallMethodNoArgs(storage, str_data_ptr) : NULL;
+    Py_XDECREF(storage);
+    if (ptr == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError) || PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    *out = (uintptr_t)PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int set_flag(PyObject *entry, PyObject *name, int value) {
+    return PyObject_SetAttr(entry, name, value ? Py_True : Py_False);
+}
+
+static int get_flag(PyObject *entry, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(entry, name);
+    if (v == NULL) return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth;
+}
+
+/* accesses._note: one tensor. */
+static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int fresh, PyObject *tracked) {
+    PyObject *tracks = PyObject_CallOneArg(tracked, t);
+    if (tracks == NULL) return -1;
+    int yes = PyObject_IsTrue(tracks);
+    Py_DECREF(tracks);
+    if (yes <= 0) return yes;
+    uintptr_t address;
+    if (storage_address(t, &address) < 0) return -1;
+    if (address == 0) return 0;
+    PyObject *key = PyLong_FromVoidPtr((void *)address);
+    if (key == NULL) return -1;
+    PyObject *entry = PyDict_GetItemWithError(found, key); /* borrowed */
+    int failed = 0;
+    if (entry == NULL) {
+        if (PyErr_Occurred()) goto fail;
+        PyObject *device = PyObject_CallMethodNoArgs(t, str_get_device);
+        if (device == NULL) goto fail;
+        long index = PyLong_AsLong(device);
+        Py_DECREF(device);
+        if (index == -1 && PyErr_Occurred()) goto fail;
+        entry = PyObject_CallFunction(storage_access_class, "OOlOO", key, t, index > 0 ? index : 0L,
+                                      fresh ? Py_True : Py_False, (!fresh || is_write) ? Py_True : Py_False);
+        if (entry == NULL) goto fail;
+        failed = PyDict_SetItem(found, key, entry);
+        Py_DECREF(entry); /* found holds it */
+        if (failed) goto fail;
+    } else {
+        int entry_fresh = get_flag(entry, str_fresh);
+        if (entry_fresh < 0) goto fail;
+        if (fresh && !entry_fresh) { /* an undeclared alias of an input: a view, no data written */
+            Py_DECREF(key);
+            return 0;
+        }
+        int accessed = get_flag(entry, str_accessed);
+        if (accessed < 0 || set_flag(entry, str_fresh, entry_fresh || fresh) < 0 ||
+            set_flag(entry, str_accessed, accessed || !fresh || is_write) < 0)
+            goto fail;
+    }
+    if (is_write && set_flag(entry, str_is_write, 1) < 0) goto fail;
+    PyObject *names = PyObject_GetAttr(entry, str_names);
+    if (names == NULL) goto fail;
+    failed = PyList_Append(names, name);
+    Py_DECREF(names);
+    Py_DECREF(key);
+    return failed;
+fail:
+    Py_DECREF(key);
+    return -1;
+}
+
+static int is_plain_tensor(PyObject *value) {
+    Py_ssize_t n = PyTuple_GET_SIZE(tensor_types);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((PyObject *)Py_TYPE(value) == PyTuple_GET_ITEM(tensor_types, i)) return 1;
+    return 0;
+}
+
+/* accesses._note_all: a value that may hold tensors. */
+static int note_all(PyObject *found, PyObject *value, int is_write, PyObject *name, int fresh, PyObject *tracked) {
+    if (is_plain_tensor(value)) return note(found, value, is_write, name, fresh, tracked);
+    if (value == Py_None || PyLong_Check(value) || PyFloat_Check(value)) return 0; /* bool is an int */
+    PyObject *iterator = PyObject_CallOneArg(tensors_fn, value);
+    if (iterator == NULL) return -1;
+    PyObject *t;
+    int failed = 0;
+    while (!failed && (t = PyIter_Next(iterator)) != NULL) {
+        failed = note(found, t, is_write, name, fresh, tracked);
+        Py_DECREF(t);
+    }
+    Py_DECREF(iterator);
+    return failed || PyErr_Occurred() ? -1 : 0;
+}
+
+static int ready(void) {
+    if (storage_access_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_scan.configure() was not called");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "configure(StorageAccess, tensor_types: tuple, tensors_fn)");
+        return NULL;
+    }
+    Py_XSETREF(storage_access_class, Py_NewRef(args[0]));
+    Py_XSETREF(tensor_types, Py_NewRef(args[1]));
+    Py_XSETREF(tensors_fn, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+/* arguments(found, plan_arguments, args, tracked): each (position, name, mode)
+ * of the plan whose position is among args. */
+static PyObject *arguments(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (!ready()) return NULL;
+    if (nargs != 4 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "arguments(found: dict, plan_arguments: tuple, args: tuple, tracked)");
+        return NULL;
+    }
+    PyObject *found = args[0], *plan = args[1], *values = args[2], *tracked = args[3];
+    Py_ssize_t count = PyTuple_GET_SIZE(values);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plan); k++) {
+        PyObject *argument = PyTuple_GET_ITEM(plan, k);
+        if (!PyTuple_Check(argument) || PyTuple_GET_SIZE(argument) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a plan argument is (position, name, mode)");
+            return NULL;
+        }
+        Py_ssize_t position = PyLong_AsSsize_t(PyTuple_GET_ITEM(argument, 0));
+        if (position == -1 && PyErr_Occurred()) return NULL;
+        if (position >= count) continue;
+        int mode = PyObject_IsTrue(PyTuple_GET_ITEM(argument, 2));
+        if (mode < 0 || note_all(found, PyTuple_GET_ITEM(values, position), mode, PyTuple_GET_ITEM(argument, 1), 0,
+                                 tracked) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* value(found, value, is_write, name, fresh, tracked) */
+static PyObject *value(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (!ready()) return NULL;
+    if (nargs != 6 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "value(found: dict, value, is_write, name, fresh, tracked)");
+        return NULL;
+    }
+    int is_write = PyObject_IsTrue(args[2]), fresh = PyObject_IsTrue(args[4]);
+    if (is_write < 0 || fresh < 0 || note_all(args[0], args[1], is_write, args[3], fresh, args[5]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "Sets the classes the scan makes and reads."},
+    {"arguments", (PyCFunction)(void (*)(void))arguments, METH_FASTCALL, "Notes an op's positional arguments."},
+    {"value", (PyCFunction)(void (*)(void))value, METH_FASTCALL, "Notes one value (argument or output)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    str_untyped_storage = PyUnicode_InternFromString("untyped_storage");
+    str_data_ptr = PyUnicode_InternFromString("data_ptr");
+    str_get_device = PyUnicode_InternFromString("get_device");
+    str_fresh = PyUnicode_InternFromString("fresh");
+    str_accessed = PyUnicode_InternFromString("accessed");
+    str_is_write = PyUnicode_InternFromString("is_write");
+    str_names = PyUnicode_InternFromString("names");
+    if (!str_untyped_storage || !str_data_ptr || !str_get_device || !str_fresh || !str_accessed || !str_is_write ||
+        !str_names)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,73 @@
+"""The native scan of an op's tensor arguments (_scan.c) against the
+Python rules it replaces (accesses._note_all), on every op call of torch's
+OpInfo samples: the same storages, in the same order, with the same
+read/write/fresh verdicts and argument names."""
+import os
+
+import pytest
+import torch
+
+from npu_lifetime.sanitizer import accesses
+
+pytest.importorskip("numpy", reason="torch's op_db needs numpy (the test extras install it)")
+pytest.importorskip("expecttest", reason="torch's op_db needs expecttest (the test extras install it)")
+
+if accesses._native_scan is None:
+    if os.environ.get("CI") == "true":
+        raise AssertionError("npu_lifetime.sanitizer._scan is not built: setup.py must build it in CI")
+    pytest.skip("npu_lifetime.sanitizer._scan is not built (python setup.py build_ext --inplace)",
+                allow_module_level=True)
+
+import frontend_reference as reference  # noqa: E402
+
+
+def _verdicts(found: list) -> list:
+    return [(a.storage, a.is_write, a.fresh, a.accessed, a.device_index, list(a.names), a.tensor is not None)
+            for a in found]
+
+
+def _both_ways(monkeypatch):
+    """op_accesses that runs the native scan and the Python one on each call
+    and keeps every difference."""
+    native_scan, original = accesses._native_scan, accesses.op_accesses
+    calls, differences = [], []
+
+    def compare(func, args, kwargs, outputs, tracked, p=None, written_before=None):
+        native = original(func, args, kwargs, outputs, tracked, p, written_before)
+        monkeypatch.setattr(accesses, "_native_scan", None)
+        try:
+            python = original(func, args, kwargs, outputs, tracked, p, written_before)
+        finally:
+            monkeypatch.setattr(accesses, "_native_scan", native_scan)
+        calls.append(func)
+        if _verdicts(native) != _verdicts(python):
+            differences.append((str(func), _verdicts(native), _verdicts(python)))
+        return native
+
+    monkeypatch.setattr(accesses, "op_accesses", compare)
+    return calls, differences
+
+
+def test_the_native_scan_gives_the_python_verdicts_on_op_db(monkeypatch):
+    calls, differences = _both_ways(monkeypatch)
+    survey = reference.survey_op_db(samples_per_op=1)
+    assert len(calls) > 1500 and len({str(f) for f in calls}) > 500, survey.summary()
+    assert not differences, "\n".join(f"{op}: native {n} python {p}" for op, n, p in differences[:10])
+
+
+def test_the_comparison_sees_a_wrong_scan(monkeypatch):
+    """The comparison can fail: a scan that calls every read a write."""
+    calls, differences = _both_ways(monkeypatch)
+    real = accesses._native_scan.arguments
+
+    def all_written(found, arguments, args, tracked):
+        real(found, tuple((i, name, True) for i, name, _ in arguments), args, tracked)
+
+    class Wrong:
+        arguments = staticmethod(all_written)
+        value = staticmethod(accesses._native_scan.value)
+
+    monkeypatch.setattr(accesses, "_native_scan", Wrong)
+    accesses.op_accesses(torch.ops.aten.add.Tensor, (torch.ones(2), torch.ones(2)), {}, torch.ones(2),
+                         lambda t: True)
+    assert calls and differences
