@@ -21,7 +21,11 @@ HELD = frozenset({
     "on_wait_stream", "on_current_stream_waits",
 })
 
-_tls = threading.local()
+class _OpOnThread(threading.local):
+    frame: Optional["OpFrame"] = None  # a class default: a missing thread-local attribute costs an exception
+
+
+_tls = _OpOnThread()
 
 
 class OpFrame:
@@ -36,11 +40,11 @@ class OpFrame:
 
 
 def current_frame() -> Optional[OpFrame]:
-    return getattr(_tls, "frame", None)
+    return _tls.frame
 
 
 def push_frame(frame: OpFrame) -> Optional[OpFrame]:
-    outer = getattr(_tls, "frame", None)
+    outer = _tls.frame
     _tls.frame = frame
     return outer
 
@@ -70,12 +74,25 @@ class Hub:
         sinks = self.sinks
         if not sinks:
             return
-        frame = getattr(_tls, "frame", None)
+        frame = _tls.frame
         if frame is not None and name in HELD:
             frame.held.append((self, name, args))
             return
         for sink in sinks:
             getattr(sink, name)(*args)
+
+    def direct(self, name: str):
+        """The delivery of a device event that is never held (an allocation,
+        a free): straight to every sink, with no frame to look up (called by
+        the allocator's trace on every allocation and free)."""
+        if name in HELD:
+            raise ValueError(f"{name} is held by the op in progress: deliver it with event()")
+
+        def deliver(*args) -> None:
+            for sink in self.sinks:
+                getattr(sink, name)(*args)
+
+        return deliver
 
     def deliver(self, name: str, args: tuple) -> None:
         for sink in self.sinks:
