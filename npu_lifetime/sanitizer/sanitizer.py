@@ -141,6 +141,7 @@ class LifetimeSanitizer:
         self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
         self.model = LifetimeModel(retain=False, remember_frees=0, host=threading.main_thread().ident)
+        self._host = threading.main_thread().ident  # the thread the model names as the host (set_host)
         self.storages = StorageTable(self.model, self.backend, self._free)
         self.names = Names(self.backend)
         self._findings = Findings(self.describe)
@@ -357,9 +358,9 @@ class LifetimeSanitizer:
         A thread seen for the first time starts with the clock its starter
         had (``on_thread_start``); threads that ended are forgotten then."""
         ident = threading.get_ident()
-        model = self.model
-        if ident == model._host_key:
+        if ident == self._host:
             return
+        model = self.model
         thread = threading.current_thread()
         known = self._threads.get(ident)
         if known is None or known() is not thread:  # new, or an ident reused by a new thread
@@ -373,6 +374,7 @@ class LifetimeSanitizer:
             if started_after is not None:
                 model.fork_host(ident, started_after)
         model.set_host(ident)
+        self._host = ident
         if isinstance(thread, threading._DummyThread):
             # a thread started from C++ (autograd's engine threads, a backend's workers) does what a
             # Python thread asked of it: it is taken as ordered after what the Python threads waited for
