@@ -116,7 +116,10 @@ class _Mode(TorchDispatchMode):
             _replay_held(frame)  # what the op did issue still happened
             raise
         pop_frame(outer)
-        error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
+        if frame.held or plan.collective or len(sanitizers) > 1:
+            error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
+        else:
+            error = _feed_one(func, plan, args, kwargs, outputs, frame.site, sanitizers[0], written_before)
         if error is not None:
             raise error
         return outputs
@@ -196,17 +199,29 @@ def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple, 
     return error
 
 
+def _feed_one(func, plan, args, kwargs, outputs, site, sanitizer, written_before):
+    """``_feed`` in the common case (one sanitizer; the op issued no device
+    event and is no collective): the op's accesses on the current stream."""
+    backend = sanitizer.backend
+    found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
+    if not found:
+        return None
+    current = backend.current_stream(_op_device(backend, found))
+    try:
+        return sanitizer.apply_op((("accesses", (current, found, current)),), site, func._schema.name)
+    except Exception as raised:  # a warning turned into an error
+        return raised
+
+
 def _op_device(backend, found: list) -> int:
     """A copy between two devices runs on the source device's stream."""
     if not found:
         return backend.current_device()
-    if len(found) == 1:
-        return found[0].device_index
-    devices = {a.device_index for a in found}
-    if len(devices) > 1:
-        source = next((a for a in found if not a.is_write), found[0])
-        return source.device_index
-    return found[0].device_index
+    device = found[0].device_index
+    for a in found:
+        if a.device_index != device:
+            return next((a for a in found if not a.is_write), found[0]).device_index
+    return device
 
 
 def _in_device_order(backend, func, plan, args, kwargs, outputs, found: list, events) -> list:

@@ -11,6 +11,7 @@ them.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import warnings
@@ -19,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from .. import lifetime
 from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
 from . import dispatch, report, sites
@@ -68,6 +70,21 @@ def _patch_threads() -> None:
 
     start_thread._npu_lifetime = join_thread._npu_lifetime = True
     threading.Thread.start, threading.Thread.join = start_thread, join_thread
+
+
+MODELS = ("native", "python")
+
+
+def model_class() -> type:
+    """The lifetime model the sanitizer feeds: the native one (C++, the same
+    semantics, checked against model.py by tests/test_native_model.py and
+    ``npu-lifetime fuzz --model native``) where it was built, else model.py's.
+    ``NPU_LIFETIME_MODEL=python`` asks for the Python one."""
+    asked = os.environ.get("NPU_LIFETIME_MODEL", "native")
+    if asked not in MODELS:
+        raise ValueError(f"NPU_LIFETIME_MODEL must be one of {MODELS}, not {asked!r}")
+    native = getattr(lifetime, "NativeLifetimeModel", None)
+    return native if asked == "native" and native is not None else LifetimeModel
 
 
 class _HostLock:
@@ -140,7 +157,7 @@ class LifetimeSanitizer:
             suppressions = Suppressions.load(suppressions)
         self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
-        self.model = LifetimeModel(retain=False, remember_frees=0, host=threading.main_thread().ident)
+        self.model = model_class()(retain=False, remember_frees=0, host=threading.main_thread().ident)
         self._host = threading.main_thread().ident  # the thread the model names as the host (set_host)
         self.storages = StorageTable(self.model, self.backend, self._free)
         self.names = Names(self.backend)
