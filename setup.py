@@ -35,6 +35,10 @@ OPTIONAL_EXTENSIONS = [
     # the sanitizer's scan of an op's tensor arguments (npu_lifetime/sanitizer/accesses.py)
     Extension("npu_lifetime.sanitizer._scan", sources=["npu_lifetime/sanitizer/_scan.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the lifetime model in C++ (npu_lifetime/lifetime/model.py stays the reference)
+    Extension("npu_lifetime.lifetime._native_model", sources=["npu_lifetime/lifetime/native_model.cpp"],
+              language="c++",
+              extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]),
 ]
 
 
@@ -45,8 +49,14 @@ class BuildShim(build_ext):
                 super().build_extension(ext)
             except Exception as error:  # noqa: BLE001 - any failure leaves the pure-Python path
                 print(f"warning: {ext.name} not built ({error}); the pure-Python equivalent is used")
+                self._not_built = [*getattr(self, "_not_built", []), ext]
             return
         self._build_shim(ext)
+
+    def build_extensions(self):
+        super().build_extensions()
+        # an optional extension that failed has no file to copy (--inplace, pip install -e) or install
+        self.extensions = [ext for ext in self.extensions if ext not in getattr(self, "_not_built", [])]
 
     def _build_shim(self, ext):
         """Each source compiled on its own core (the install's longest step:

@@ -4,6 +4,7 @@ Runs a steady multi-stream workload (alloc, cross-stream reads and writes
 with waits, record_use, free) through LifetimeModel and reports the median
 microseconds per access over several repeats, plus the cost of the other
 event kinds.  Usage: python benchmarks/bench_model.py [--streams 4] [--repeats 7]
+[--model python|native] (native: the same model in C++, lifetime.NativeLifetimeModel)
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import statistics
 import time
 
+from npu_lifetime import lifetime
 from npu_lifetime.lifetime import LifetimeModel
 
 
@@ -53,18 +55,23 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--model", default="python", choices=["python", "native"],
+                        help="python: lifetime.LifetimeModel (default); native: lifetime.NativeLifetimeModel")
     args = parser.parse_args()
+    model_class = LifetimeModel if args.model == "python" else lifetime.NativeLifetimeModel
+    if model_class is None:
+        parser.error("--model native: the native lifetime model is not built (pip install -e . with a C++ compiler)")
     for name in ('streams', 'rounds', 'repeats'):  # each a count: 0 or less measures nothing
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     runs = []
     for _ in range(args.repeats):
-        model = LifetimeModel()
+        model = model_class()
         for s in range(args.streams):
             model.create_stream(s)
         runs.append(_workload(model, args.streams, args.rounds))
         assert not model.findings, model.findings[:3]
-    print(f"lifetime model, {args.streams} streams, {args.rounds} rounds x {args.repeats} repeats")
+    print(f"lifetime model ({args.model}), {args.streams} streams, {args.rounds} rounds x {args.repeats} repeats")
     print("columns: microseconds spent in the model per event of that kind, median / min / max over the repeats")
     print(f"{'event':<12} {'median us':>10} {'min us':>8} {'max us':>8}")
     for kind in runs[0]:

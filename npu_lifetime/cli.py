@@ -57,12 +57,20 @@ def _fuzz(args: argparse.Namespace) -> int:
     config = FuzzConfig(
         schedules=args.schedules, seed=args.seed, jobs=args.jobs, max_steps=args.max_steps,
         max_streams=args.max_streams, max_events=args.max_events, max_devices=args.max_devices,
-        misuse=not args.no_misuse, execute=args.execute,
+        misuse=not args.no_misuse, execute=args.execute, model=args.model,
     )
+    if config.model == "native":
+        from .lifetime import native_available
+
+        if not native_available():
+            print("npu-lifetime: --model native: the native lifetime model is not built "
+                  "(pip install -e . with a C++ compiler)", file=sys.stderr)
+            return 2
     progress = Progress(config.schedules, "fuzz", "schedules")
     result = fuzz(config, progress=None if args.quiet else progress)
     progress.close()
-    checks = "the lifetime model vs its independent oracle (happens-before graph)"
+    which = "the lifetime model" if config.model == "python" else "the native (C++) lifetime model"
+    checks = f"{which} vs its independent oracle (happens-before graph)"
     if config.execute:
         checks += ", and the model's verdicts on the simulated device"
     print(
@@ -414,6 +422,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-devices", type=int, default=2, help="devices the streams are spread over (default 2)")
     p.add_argument("--no-misuse", action="store_true", help="no double frees, use-after-free or unrecorded waits")
     p.add_argument("--execute", action="store_true", help="also check verdicts on the simulated device (slower)")
+    p.add_argument("--model", default="python", choices=["python", "native"],
+                   help="the lifetime model checked: python (the reference, default) or native (its C++ version)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=_fuzz)
 

@@ -29,5 +29,24 @@ class Comparison:
         )
 
 
-def compare(schedule: Schedule) -> Comparison:
-    return Comparison(run_model(schedule), run_oracle(schedule))
+def compare(schedule: Schedule, model: str = "python") -> Comparison:
+    """``model``: ``python`` (lifetime.LifetimeModel, the reference) or
+    ``native`` (lifetime.NativeLifetimeModel, the same model in C++)."""
+    return Comparison(run_model(schedule, model_class(model)), run_oracle(schedule))
+
+
+MODELS = ("python", "native")
+
+
+def model_class(model: str):
+    """The lifetime model class named ``python`` or ``native``."""
+    from .. import lifetime
+
+    if model == "python":
+        return lifetime.LifetimeModel
+    if model == "native":
+        if lifetime.NativeLifetimeModel is None:
+            raise RuntimeError("the native lifetime model (npu_lifetime.lifetime._native_model) is not built: "
+                               "pip install -e . (or python setup.py build_ext --inplace) with a C++ compiler")
+        return lifetime.NativeLifetimeModel
+    raise ValueError(f"model must be one of {MODELS}, not {model!r}")

@@ -38,6 +38,7 @@ class FuzzConfig:
     max_devices: int = 2
     misuse: bool = True
     execute: bool = False  # also check verdicts on the simulated device
+    model: str = "python"  # the lifetime model checked: python (the reference) or native (C++)
 
     def __post_init__(self) -> None:
         """Refuses what would run nothing or fail inside a worker (a negative
@@ -55,6 +56,10 @@ class FuzzConfig:
             if not isinstance(getattr(self, name), bool):
                 value = getattr(self, name)
                 raise TypeError(f"FuzzConfig: {name} must be True or False, not {type(value).__name__} {value!r}")
+        from .compare import MODELS
+
+        if self.model not in MODELS:
+            raise ValueError(f"FuzzConfig: model must be one of {', '.join(MODELS)}, not {self.model!r}")
 
 
 @dataclass(frozen=True)
@@ -153,9 +158,10 @@ def check(schedule: Schedule, config: FuzzConfig, seed: int) -> tuple:
     """``(problem or None, check expression, the model's findings)``."""
     from .compare import compare
 
-    comparison = compare(schedule)
+    comparison = compare(schedule, config.model)
     if not comparison.agree:
-        return str(comparison), "compare(schedule)", comparison.model
+        expression = "compare(schedule)" if config.model == "python" else f"compare(schedule, {config.model!r})"
+        return str(comparison), expression, comparison.model
     if config.execute:
         problem = executor_violation(schedule, seed)
         if problem is not None:

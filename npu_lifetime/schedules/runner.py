@@ -39,9 +39,11 @@ def feed(schedule: Schedule, model: LifetimeModel) -> None:
         _STEP[type(step)](model, step, i, storage_of)
 
 
-def run_model(schedule: Schedule) -> list:
-    """The model's findings on ``schedule``, flushed at its end, as keys."""
-    model = LifetimeModel()
+def run_model(schedule: Schedule, model_class=None) -> list:
+    """The model's findings on ``schedule``, flushed at its end, as keys
+    (``model_class``: another implementation of the model, such as
+    ``lifetime.NativeLifetimeModel``; by default ``LifetimeModel``)."""
+    model = (model_class or LifetimeModel)()
     feed(schedule, model)
     return keys.sort(finding_key(f) for f in model.flush() if not isinstance(f, UnrecordedEventWait))
 
