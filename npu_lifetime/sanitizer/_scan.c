@@ -1,8 +1,9 @@
 /* The sanitizer's per-op scan of tensor arguments, native: which storages an
  * op touches, by base address (accesses.op_accesses; the rules are in
  * accesses.py's docstring).  It does what accesses._note_all does for each
- * (value, mode, name), and no more: values other than plain tensors (lists,
- * wrapper subclasses) go through the Python generator accesses._tensors.
+ * (value, mode, name), and no more: plain tensors and lists or tuples of them
+ * are read here, anything else (a wrapper subclass such as DTensor) through
+ * the Python generator accesses._tensors.
  * No torch headers: tensors are reached through their Python methods.
  *
  * configure(StorageAccess, tensor_types, tensors_fn) once, then
@@ -106,10 +107,21 @@ static int is_plain_tensor(PyObject *value) {
     return 0;
 }
 
-/* accesses._note_all: a value that may hold tensors. */
+/* accesses._note_all: a value that may hold tensors.  Lists and tuples (a
+ * foreach op's arguments) are walked here; anything else that is not a plain
+ * tensor (a wrapper subclass) goes through accesses._tensors. */
 static int note_all(PyObject *found, PyObject *value, int is_write, PyObject *name, int fresh, PyObject *tracked) {
     if (is_plain_tensor(value)) return note(found, value, is_write, name, fresh, tracked);
     if (value == Py_None || PyLong_Check(value) || PyFloat_Check(value)) return 0; /* bool is an int */
+    if (PyList_Check(value) || PyTuple_Check(value)) {
+        PyObject *items = PySequence_Fast(value, "a list or tuple"); /* the same object, referenced */
+        if (items == NULL) return -1;
+        int failed = 0;
+        for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++)
+            failed = note_all(found, PySequence_Fast_GET_ITEM(items, i), is_write, name, fresh, tracked);
+        Py_DECREF(items);
+        return failed;
+    }
     PyObject *iterator = PyObject_CallOneArg(tensors_fn, value);
     if (iterator == NULL) return -1;
     PyObject *t;

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import collectives
+from . import collectives, native
 
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
 # constructors that take only their input's shape, dtype and device: zeros_like, randn_like, new_full...
@@ -231,11 +231,8 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
     return list(found.values()) if found else []
 
 
-try:  # the scan below in C (_scan.c): the same rules, without a Python frame per tensor
-    from . import _scan as _native_scan
-except ImportError:  # not built
-    _native_scan = None
-else:
+_native_scan = native.scan  # the scan below in C (_scan.c), or None
+if _native_scan is not None:
     _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value))
 
 

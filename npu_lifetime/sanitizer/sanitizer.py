@@ -11,7 +11,6 @@ them.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import warnings
@@ -20,10 +19,9 @@ from typing import Optional
 
 import torch
 
-from .. import lifetime
 from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
-from . import dispatch, report, sites
+from . import dispatch, native, report, sites
 from .backends import Backend, backend_for
 from .hub import current_frame
 from .naming import Names
@@ -31,6 +29,7 @@ from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
 from .storages import StorageTable
 from .suppressions import Suppressions
+
 
 
 class LifetimeWarning(UserWarning):
@@ -70,21 +69,6 @@ def _patch_threads() -> None:
 
     start_thread._npu_lifetime = join_thread._npu_lifetime = True
     threading.Thread.start, threading.Thread.join = start_thread, join_thread
-
-
-MODELS = ("native", "python")
-
-
-def model_class() -> type:
-    """The lifetime model the sanitizer feeds: the native one (C++, the same
-    semantics, checked against model.py by tests/test_native_model.py and
-    ``npu-lifetime fuzz --model native``) where it was built, else model.py's.
-    ``NPU_LIFETIME_MODEL=python`` asks for the Python one."""
-    asked = os.environ.get("NPU_LIFETIME_MODEL", "native")
-    if asked not in MODELS:
-        raise ValueError(f"NPU_LIFETIME_MODEL must be one of {MODELS}, not {asked!r}")
-    native = getattr(lifetime, "NativeLifetimeModel", None)
-    return native if asked == "native" and native is not None else LifetimeModel
 
 
 class _HostLock:
@@ -157,7 +141,7 @@ class LifetimeSanitizer:
             suppressions = Suppressions.load(suppressions)
         self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
-        self.model = model_class()(retain=False, remember_frees=0, host=threading.main_thread().ident)
+        self.model = native.model_class()(retain=False, remember_frees=0, host=threading.main_thread().ident)
         self._host = threading.main_thread().ident  # the thread the model names as the host (set_host)
         self.storages = StorageTable(self.model, self.backend, self._free)
         self.names = Names(self.backend)
@@ -307,15 +291,16 @@ class LifetimeSanitizer:
         model, storages = self.model, self.storages
         if not model.has_stream(stream):
             self._stream(stream)
+        if native.feed is not None:  # the loop below, in C (_feed.c)
+            return native.feed.feed(found, storages.live, storages.sizeless,
+                                     lambda a: self._first_sight(a, fresh_stream, site), self._sized,
+                                     model.access, stream, op_name, site)
         live = storages.live
         races: list = []
         for a in found:
             sid = live.get(a.storage)
             if sid is None:
-                if a.fresh and self.backend.allocations_by_first_sight:
-                    sid = storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
-                else:
-                    sid = storages.adopt(a.storage, a.nbytes, a.device_index, a.tensor)
+                sid = self._first_sight(a, fresh_stream, site)
             elif storages.sizeless:
                 storages.sized(sid, a.nbytes)
             if a.accessed:
@@ -323,6 +308,17 @@ class LifetimeSanitizer:
                 if r:
                     races += r
         return races
+
+    def _first_sight(self, a, fresh_stream: tuple, site) -> int:
+        """The storage id for an access to a storage not in the table: a
+        fresh output allocated by the op (simulated device), else one from
+        before tracking."""
+        if a.fresh and self.backend.allocations_by_first_sight:
+            return self.storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
+        return self.storages.adopt(a.storage, a.nbytes, a.device_index, a.tensor)
+
+    def _sized(self, sid: int, a) -> None:
+        self.storages.sized(sid, a.nbytes)
 
     def lifetime_op(self, func, args: tuple, kwargs: dict) -> None:
         """``aten::record_stream`` and ``npu_lifetime::record_use`` seen by the

@@ -18,10 +18,7 @@ import sysconfig
 import threading
 from typing import Optional
 
-try:  # the native walk (_frames.c); the Python walk below does the same, slower
-    from . import _frames as _native_frames
-except ImportError:  # not built (no C compiler at install)
-    _native_frames = None
+from .native import frames as _native_frames  # the walk in C, or None: the Python walk below
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_PACKAGE_DIR, "viz", "demo.py")

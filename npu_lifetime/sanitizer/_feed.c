@@ -1,0 +1,112 @@
+/* The sanitizer's per-op feed, native: an op's storage accesses (from the
+ * scan, accesses.op_accesses) into the lifetime model, one model.access per
+ * accessed storage.  LifetimeSanitizer._accesses does the same in Python
+ * (the fallback, and what this file follows line by line); storages not in
+ * the table yet, and sizes learnt at first sight, are handed back to it.
+ *
+ * feed(found, live, sizeless, first_sight, sized, access, stream, op_name, site)
+ *   found:       [StorageAccess]             (accesses.py)
+ *   live:        {address: storage id}       (StorageTable.live)
+ *   sizeless:    {storage id}                (StorageTable.sizeless)
+ *   first_sight: callable(entry) -> storage id, for an address not in live
+ *   sized:       callable(storage id, entry), for an id in sizeless
+ *   access:      the model's bound access(sid, stream, is_write, op, site, names)
+ * Returns the races the accesses made, as one list.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *str_storage, *str_accessed, *str_is_write, *str_names;
+
+/* entry.<name> as a truth value; -1 on error. */
+static int flag(PyObject *entry, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(entry, name);
+    if (value == NULL) return -1;
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth;
+}
+
+/* The storage id of entry: from live, else first_sight(entry); sized(sid,
+ * entry) when it has no size yet.  A new reference, or NULL. */
+static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless, PyObject *first_sight,
+                            PyObject *sized) {
+    PyObject *address = PyObject_GetAttr(entry, str_storage);
+    if (address == NULL) return NULL;
+    PyObject *sid = PyDict_GetItemWithError(live, address);
+    Py_DECREF(address);
+    if (sid == NULL) return PyErr_Occurred() ? NULL : PyObject_CallOneArg(first_sight, entry);
+    Py_INCREF(sid);
+    if (PySet_GET_SIZE(sizeless) > 0) {
+        int unsized = PySet_Contains(sizeless, sid);
+        PyObject *done = unsized > 0 ? PyObject_CallFunctionObjArgs(sized, sid, entry, NULL) : NULL;
+        if (unsized < 0 || (unsized > 0 && done == NULL)) {
+            Py_DECREF(sid);
+            return NULL;
+        }
+        Py_XDECREF(done);
+    }
+    return sid;
+}
+
+/* model.access(sid, stream, entry.is_write, op_name, site, tuple(entry.names)), its races appended. */
+static int access_one(PyObject *entry, PyObject *sid, PyObject *access, PyObject *stream, PyObject *op_name,
+                      PyObject *site, PyObject *races) {
+    int is_write = flag(entry, str_is_write);
+    if (is_write < 0) return -1;
+    PyObject *names = PyObject_GetAttr(entry, str_names);
+    if (names == NULL) return -1;
+    PyObject *names_tuple = PySequence_Tuple(names);
+    Py_DECREF(names);
+    if (names_tuple == NULL) return -1;
+    PyObject *args[6] = {sid, stream, is_write ? Py_True : Py_False, op_name, site, names_tuple};
+    PyObject *found = PyObject_Vectorcall(access, args, 6, NULL);
+    Py_DECREF(names_tuple);
+    if (found == NULL) return -1;
+    int failed = 0;
+    if (PyList_Check(found) && PyList_GET_SIZE(found) > 0)
+        failed = PyList_SetSlice(races, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, found);
+    Py_DECREF(found);
+    return failed;
+}
+
+static PyObject *feed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PySet_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "feed(found: list, live: dict, sizeless: set, first_sight, sized, access, stream, op_name, site)");
+        return NULL;
+    }
+    PyObject *found = args[0], *live = args[1], *sizeless = args[2], *first_sight = args[3], *sized = args[4];
+    PyObject *access = args[5], *stream = args[6], *op_name = args[7], *site = args[8];
+    PyObject *races = PyList_New(0);
+    if (races == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
+        PyObject *entry = PyList_GET_ITEM(found, i);
+        PyObject *sid = storage_id(entry, live, sizeless, first_sight, sized);
+        int accessed = sid != NULL ? flag(entry, str_accessed) : -1;
+        int failed = accessed < 0 || (accessed && access_one(entry, sid, access, stream, op_name, site, races) < 0);
+        Py_XDECREF(sid);
+        if (failed) {
+            Py_DECREF(races);
+            return NULL;
+        }
+    }
+    return races;
+}
+
+static PyMethodDef methods[] = {
+    {"feed", (PyCFunction)(void (*)(void))feed, METH_FASTCALL, "An op's accesses into the model; returns the races."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_feed", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__feed(void) {
+    str_storage = PyUnicode_InternFromString("storage");
+    str_accessed = PyUnicode_InternFromString("accessed");
+    str_is_write = PyUnicode_InternFromString("is_write");
+    str_names = PyUnicode_InternFromString("names");
+    if (!str_storage || !str_accessed || !str_is_write || !str_names) return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,54 @@
+"""The sanitizer's native parts, each an optional C extension with a Python
+equivalent that stays the fallback and the reference it is tested against:
+
+- ``frames`` (_frames.c): the stack walk of a site capture (``sites.py``);
+- ``scan`` (_scan.c): which storages an op's tensor arguments touch
+  (``accesses.py``);
+- ``feed`` (_feed.c): an op's accesses into the model (``sanitizer.py``);
+- the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
+
+Each is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns all of
+them off (the pure-Python sanitizer), ``NPU_LIFETIME_MODEL=python`` only the
+model: CI runs the sanitizer's tests both ways.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Optional
+
+ENABLED = os.environ.get("NPU_LIFETIME_NATIVE", "1") != "0"
+MODELS = ("native", "python")
+
+
+def _load(name: str):
+    if not ENABLED:
+        return None
+    try:
+        return importlib.import_module(f"{__package__}.{name}")
+    except ImportError:  # not built (no compiler or Python headers at install)
+        return None
+
+
+frames = _load("_frames")
+scan = _load("_scan")
+feed = _load("_feed")
+
+
+def model_class() -> type:
+    """The lifetime model the sanitizer feeds: the native one (C++, the same
+    semantics, checked against model.py by tests/test_native_model.py and
+    ``npu-lifetime fuzz --model native``) where it was built, else model.py's."""
+    from .. import lifetime
+
+    asked = os.environ.get("NPU_LIFETIME_MODEL", "native")
+    if asked not in MODELS:
+        raise ValueError(f"NPU_LIFETIME_MODEL must be one of {MODELS}, not {asked!r}")
+    native: Optional[type] = getattr(lifetime, "NativeLifetimeModel", None)
+    return native if ENABLED and asked == "native" and native is not None else lifetime.LifetimeModel
+
+
+def in_use() -> dict:
+    """Which native parts this process uses (for benchmarks and reports)."""
+    return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None,
+            "model": model_class().__module__.endswith("_native_model")}
