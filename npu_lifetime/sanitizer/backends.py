@@ -28,6 +28,7 @@ class DeviceUnavailable(RuntimeError):
 class Backend:
     device_type = ""
     allocations_by_first_sight = False  # no allocator callbacks: see new storages in outputs
+    hooks_ops = False  # before_op / inside_op do something (else the dispatch mode skips them)
 
     def __init__(self) -> None:
         self.hub = Hub()
@@ -274,6 +275,7 @@ class SimBackend(Backend):
 
     device_type = "cpu"
     allocations_by_first_sight = True
+    hooks_ops = True
 
     tracks = staticmethod(operator.attrgetter("is_cpu"))
 

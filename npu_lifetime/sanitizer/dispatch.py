@@ -31,6 +31,7 @@ from .hub import OpFrame, pop_frame, push_frame
 _lock = threading.Lock()
 _active: tuple = ()  # enabled sanitizers (replaced, never mutated)
 _backends: tuple = ()  # their distinct backends
+_op_hooked: tuple = ()  # those with before_op / inside_op hooks (the simulated device)
 _depth = 8  # user frames per site: the most any enabled sanitizer asked for
 _mode: Optional["_Mode"] = None
 
@@ -68,12 +69,13 @@ def deactivate(sanitizer) -> None:
 
 
 def _set_active(sanitizers: tuple) -> None:
-    global _active, _backends, _depth
+    global _active, _backends, _depth, _op_hooked
     by_type: dict = {}
     for s in sanitizers:
         by_type.setdefault(s.backend.device_type, ())
         by_type[s.backend.device_type] += (s,)
     _backends = tuple(dict.fromkeys(s.backend for s in sanitizers))
+    _op_hooked = tuple(b for b in _backends if b.hooks_ops)
     _depth = max((s.stack_depth for s in sanitizers), default=8)
     watchers.publish(by_type)  # record_use, record_stream, erase_stream reach these sanitizers from there
     _active = sanitizers
@@ -97,7 +99,7 @@ class _Mode(TorchDispatchMode):
             for s in sanitizers:
                 s.lifetime_op(func, args, kwargs)
             return func(*args, **kwargs)
-        for backend in _backends:
+        for backend in _op_hooked:
             backend.before_op()  # the simulated device: autograd's streams (the op's stream, its waits)
         plan = accesses.plan(func)
         if not plan.touches_data:
@@ -109,7 +111,7 @@ class _Mode(TorchDispatchMode):
         outer = push_frame(frame)
         try:
             outputs = func(*args, **kwargs)
-            for backend in _backends:
+            for backend in _op_hooked:
                 backend.inside_op(func, args)
         except BaseException:
             pop_frame(outer)
