@@ -1,5 +1,6 @@
 """The device backends' declarations the dispatch mode relies on."""
 
+
 def test_every_backend_with_op_hooks_says_so():
     """The dispatch mode calls before_op / inside_op only on backends whose
     hooks_ops is set: a backend overriding them must set it."""
