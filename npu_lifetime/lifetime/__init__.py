@@ -22,11 +22,25 @@ try:
 except ImportError:  # not built (no compiler or Python headers at install)
     NativeLifetimeModel = None
 
+MODELS = ("python", "native")
 
 
 def native_available() -> bool:
     """Whether the native lifetime model (``NativeLifetimeModel``) was built."""
     return NativeLifetimeModel is not None
+
+
+def model_class(model: str) -> type:
+    """The lifetime model class named ``python`` (LifetimeModel, the
+    reference) or ``native`` (NativeLifetimeModel, the same model in C++)."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, not {model!r}")
+    if model == "python":
+        return LifetimeModel
+    if NativeLifetimeModel is None:
+        raise RuntimeError("the native lifetime model (npu_lifetime.lifetime._native_model) is not built: "
+                           "pip install -e . (or python setup.py build_ext --inplace) with a C++ compiler")
+    return NativeLifetimeModel
 
 __all__ = [
     "Access",
@@ -34,6 +48,7 @@ __all__ = [
     "Finding",
     "InvalidFree",
     "LifetimeModel",
+    "MODELS",
     "ModelInputError",
     "NativeLifetimeModel",
     "ReuseOutcome",
@@ -42,5 +57,6 @@ __all__ = [
     "UnrecordedEventWait",
     "UseAfterFree",
     "finding_to_json",
+    "model_class",
     "native_available",
 ]

@@ -205,10 +205,11 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
     arguments = p.arguments
     if p.training is not None and _in_training(p, args, kwargs):
         arguments = p.training_arguments
-    note_all = _note_all if _native_scan is None else _native_scan.value
     if _native_scan is not None:
         _native_scan.arguments(found, arguments, args, tracked)
+        note_all = _native_scan.value
     else:
+        note_all = _note_all
         for i, name, mode in arguments:
             if i < count:
                 _note_all(found, args[i], mode, name, False, tracked)

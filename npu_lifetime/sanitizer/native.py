@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Optional
 
 ENABLED = os.environ.get("NPU_LIFETIME_NATIVE", "1") != "0"
-MODELS = ("native", "python")
 
 
 def _load(name: str):
@@ -42,10 +40,10 @@ def model_class() -> type:
     from .. import lifetime
 
     asked = os.environ.get("NPU_LIFETIME_MODEL", "native")
-    if asked not in MODELS:
-        raise ValueError(f"NPU_LIFETIME_MODEL must be one of {MODELS}, not {asked!r}")
-    native: Optional[type] = getattr(lifetime, "NativeLifetimeModel", None)
-    return native if ENABLED and asked == "native" and native is not None else lifetime.LifetimeModel
+    if asked not in lifetime.MODELS:
+        raise ValueError(f"NPU_LIFETIME_MODEL must be one of {lifetime.MODELS}, not {asked!r}")
+    use_native = ENABLED and asked == "native" and lifetime.native_available()
+    return lifetime.model_class("native" if use_native else "python")
 
 
 def in_use() -> dict:

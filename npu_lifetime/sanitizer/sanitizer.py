@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..lifetime import DataRace, LifetimeModel, ReuseRace, UncoveredFree, UnrecordedEventWait
+from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
 from . import dispatch, native, report, sites
 from .backends import Backend, backend_for
@@ -29,7 +29,6 @@ from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
 from .storages import StorageTable
 from .suppressions import Suppressions
-
 
 
 class LifetimeWarning(UserWarning):

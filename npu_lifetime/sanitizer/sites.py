@@ -1,9 +1,9 @@
 """Cheap call sites: a capture keeps the code objects and instruction
-offsets of the user's frames only (line numbers are worked out when a report
-or a grouping needs them: reading ``f_lineno`` costs about as much as an op) (whether a code object is the user's is decided once
-per code object), stops after ``depth`` of them, and is formatted only when
-a report needs it (CSAN extracts a full StackSummary on every access, a
-large part of its cost).  Frames of this package, torch, the standard
+offsets of the user's frames only (whether a code object is the user's is
+decided once per code object), stops after ``depth`` of them, and works out
+line numbers and formats only when a report or a grouping needs them
+(reading ``f_lineno`` costs about as much as an op; CSAN extracts a full
+StackSummary on every access, a large part of its cost).  Frames of this package, torch, the standard
 library, test runners and launchers are never kept; the walk passes through
 torch and this package (user code called back from torch, e.g. a module's
 ``forward``) but stops at the first frame of the code that runs the user's

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..lifetime import model_class
 from .oracle import run_oracle
 from .runner import run_model
 from .schedule import Schedule
@@ -34,19 +35,3 @@ def compare(schedule: Schedule, model: str = "python") -> Comparison:
     ``native`` (lifetime.NativeLifetimeModel, the same model in C++)."""
     return Comparison(run_model(schedule, model_class(model)), run_oracle(schedule))
 
-
-MODELS = ("python", "native")
-
-
-def model_class(model: str):
-    """The lifetime model class named ``python`` or ``native``."""
-    from .. import lifetime
-
-    if model == "python":
-        return lifetime.LifetimeModel
-    if model == "native":
-        if lifetime.NativeLifetimeModel is None:
-            raise RuntimeError("the native lifetime model (npu_lifetime.lifetime._native_model) is not built: "
-                               "pip install -e . (or python setup.py build_ext --inplace) with a C++ compiler")
-        return lifetime.NativeLifetimeModel
-    raise ValueError(f"model must be one of {MODELS}, not {model!r}")

@@ -56,7 +56,7 @@ class FuzzConfig:
             if not isinstance(getattr(self, name), bool):
                 value = getattr(self, name)
                 raise TypeError(f"FuzzConfig: {name} must be True or False, not {type(value).__name__} {value!r}")
-        from .compare import MODELS
+        from ..lifetime import MODELS
 
         if self.model not in MODELS:
             raise ValueError(f"FuzzConfig: model must be one of {', '.join(MODELS)}, not {self.model!r}")
