@@ -18,11 +18,18 @@ void BlockSet::insert(Block* b) { b->slot = tree_.insert(Entry{b}).first; }
 
 void BlockSet::erase(Block* b) { tree_.erase(b->slot); }
 
-void BlockSet::replace(Block* old, Block* fresh) {
+// Old's neighbours bound the position: a smaller newcomer need only sort
+// after the one before old's node, a larger one before the one after (a
+// split shrinks a block, a merge grows one: one neighbour to look at).
+void BlockSet::replace(Block* old, Block* fresh, Order order) {
     Slot at = old->slot;
-    Slot next = std::next(at);
-    bool sorts_here = (at == tree_.begin() || before(std::prev(at)->block, fresh)) &&
-                      (next == tree_.end() || before(fresh, next->block));
+    bool sorts_here;
+    if (order == Order::smaller) {
+        sorts_here = at == tree_.begin() || before(std::prev(at)->block, fresh);
+    } else {
+        Slot next = std::next(at);
+        sorts_here = next == tree_.end() || before(fresh, next->block);
+    }
     if (sorts_here) {
         at->block = fresh;
         fresh->slot = at;

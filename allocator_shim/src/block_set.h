@@ -77,8 +77,11 @@ class BlockSet {
 
     void insert(Block* b);
     void erase(Block* b);
+    // How a newcomer compares with the key old's node was sorted by (old
+    // itself may have changed since: a split shrinks it first).
+    enum class Order { smaller, larger };
     // `fresh` takes the place of `old` (in the set), in old's node if it sorts there.
-    void replace(Block* old, Block* fresh);
+    void replace(Block* old, Block* fresh, Order order);
     // The smallest block of at least `size` bytes, and the one after `b`.
     Block* at_least(size_t size) const;
     Block* after(const Block* b) const;

@@ -371,9 +371,9 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
     book_.on_alloc(b);
     DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
-    s.add(StatId::allocation, b->small, 1);
-    s.add(StatId::allocated_bytes, b->small, n);
-    s.add(StatId::requested_bytes, b->small, static_cast<int64_t>(requested));
+    s.grow(StatId::allocation, b->small, 1);
+    s.grow(StatId::allocated_bytes, b->small, n);
+    s.grow(StatId::requested_bytes, b->small, static_cast<int64_t>(requested));
     s.note_active_peak(b->small);
     trace(TraceKind::alloc, b, nullptr);
 }
@@ -406,9 +406,15 @@ void CachingAllocator::take(Block* b, size_t size) {
         pool_erase(b);
         return;
     }
+    if (b->split() && b->held.empty()) {  // the common case, as torch counts it: a split block shrinks
+        Block* rest = split_off(b, size);
+        b->pool->blocks.replace(b, rest, BlockSet::Order::smaller);
+        b->pool->stats->shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(size));
+        return;
+    }
     count_cached<-1>(b);  // before the split changes its size and neighbours
     Block* rest = split_off(b, size);
-    b->pool->blocks.replace(b, rest);
+    b->pool->blocks.replace(b, rest, BlockSet::Order::smaller);
     count_cached<+1>(rest);
 }
 
@@ -510,15 +516,22 @@ void CachingAllocator::count_cached(const Block* b) {
     bool split = b->split(), waiting = !b->held.empty();
     if (!split && !waiting) return;
     DeviceStats& s = *b->pool->stats;
-    int64_t n = Sign * static_cast<int64_t>(b->size);
+    auto n = static_cast<int64_t>(b->size);
+    auto count = [&](StatId id, int64_t by) { Sign > 0 ? s.grow(id, b->small, by) : s.shrink(id, b->small, by); };
     if (split) {
-        s.add(StatId::inactive_split, b->small, Sign);
-        s.add(StatId::inactive_split_bytes, b->small, n);
+        count(StatId::inactive_split, 1);
+        count(StatId::inactive_split_bytes, n);
     }
     if (waiting) {
-        s.add(StatId::waiting, b->small, Sign);
-        s.add(StatId::waiting_bytes, b->small, n);
+        count(StatId::waiting, 1);
+        count(StatId::waiting_bytes, n);
     }
+}
+
+// count_cached<-1> of a split block without events that is gone (merged).
+void CachingAllocator::uncount_plain_split(const Block* like, size_t size) {
+    like->pool->stats->shrink(StatId::inactive_split, like->small, 1);
+    like->pool->stats->shrink(StatId::inactive_split_bytes, like->small, static_cast<int64_t>(size));
 }
 
 // Caches a block, merging it with cached neighbours of its segment; the
@@ -526,11 +539,15 @@ void CachingAllocator::count_cached(const Block* b) {
 void CachingAllocator::cache_block(Block* b) {
     b->state = BlockState::cached;
     Block* seat = nullptr;
+    bool plain_seat = false;  // the seat was split and carried no events
+    size_t seat_size = 0;
     for (Block* n : {b->prev, b->next}) {
         if (n == nullptr || n->state != BlockState::cached) continue;
-        if (seat == nullptr) {
-            count_cached<-1>(n);  // it leaves the pool when b takes its node
+        if (seat == nullptr) {  // it leaves the pool when b takes its node
+            plain_seat = n->split() && n->held.empty();
+            if (!plain_seat) count_cached<-1>(n);
             seat = n;
+            seat_size = n->size;
         } else {
             pool_erase(n);
         }
@@ -540,9 +557,14 @@ void CachingAllocator::cache_block(Block* b) {
         if (n != seat) recycle_block(n);
     }
     if (seat != nullptr) {
-        b->pool->blocks.replace(seat, b);
+        b->pool->blocks.replace(seat, b, BlockSet::Order::larger);
         recycle_block(seat);
-        count_cached<+1>(b);
+        if (plain_seat && b->split() && b->held.empty()) {  // the common case, as torch counts it: it grows
+            b->pool->stats->grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size - seat_size));
+        } else {
+            if (plain_seat) uncount_plain_split(b, seat_size);
+            count_cached<+1>(b);
+        }
     } else {
         pool_insert(b);
     }
@@ -570,9 +592,9 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     book_.on_free(a, b);
     DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
-    s.add(StatId::allocation, b->small, -1);
-    s.add(StatId::allocated_bytes, b->small, -n);
-    s.add(StatId::requested_bytes, b->small, -static_cast<int64_t>(b->requested));
+    s.shrink(StatId::allocation, b->small, 1);
+    s.shrink(StatId::allocated_bytes, b->small, n);
+    s.shrink(StatId::requested_bytes, b->small, static_cast<int64_t>(b->requested));
     trace(TraceKind::free, b, nullptr);
     if (quarantine_.enabled()) {  // a write after the free is reported with these
         b->last_streams.clear();

@@ -141,6 +141,7 @@ class CachingAllocator {
     void pool_erase(Block* b);
     template <int Sign>
     void count_cached(const Block* b);
+    void uncount_plain_split(const Block* like, size_t size);
     Block* new_block();
     void recycle_block(Block* b);
     StreamUse& use_of(Block* b, Stream stream);

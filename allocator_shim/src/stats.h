@@ -73,13 +73,18 @@ struct Stat {
     int64_t current = 0, peak = 0, allocated = 0, freed = 0;
 
     void add(int64_t delta) {
-        current += delta;
-        if (delta > 0) {
-            allocated += delta;
-            if (current > peak) peak = current;
-        } else {
-            freed -= delta;
-        }
+        if (delta > 0) grow(delta);
+        else shrink(-delta);
+    }
+    // add() with the sign known (the hot path: no branch on it).
+    void grow(int64_t n) {
+        current += n;
+        allocated += n;
+        if (current > peak) peak = current;
+    }
+    void shrink(int64_t n) {
+        current -= n;
+        freed += n;
     }
     void reset_peak() { peak = current; }
     void reset_accumulated() { allocated = freed = 0; }
@@ -101,12 +106,23 @@ struct DeviceStats {
         s[kAllPools].add(delta);
         s[small ? kSmallPool : kLargePool].add(delta);
     }
+    void grow(StatId id, bool small, int64_t n) {
+        Stat* s = stats[static_cast<int>(id)];
+        s[kAllPools].grow(n);
+        s[small ? kSmallPool : kLargePool].grow(n);
+    }
+    void shrink(StatId id, bool small, int64_t n) {
+        Stat* s = stats[static_cast<int>(id)];
+        s[kAllPools].shrink(n);
+        s[small ? kSmallPool : kLargePool].shrink(n);
+    }
     // After an allocation: the active peaks of its pool kind and of all.
     void note_active_peak(bool small) {
-        for (int pool : {static_cast<int>(kAllPools), small ? static_cast<int>(kSmallPool) : static_cast<int>(kLargePool)}) {
-            raise_peak(StatId::active, StatId::allocation, StatId::pending, pool);
-            raise_peak(StatId::active_bytes, StatId::allocated_bytes, StatId::pending_bytes, pool);
-        }
+        int kind = small ? kSmallPool : kLargePool;
+        raise_peak(StatId::active, StatId::allocation, StatId::pending, kAllPools);
+        raise_peak(StatId::active, StatId::allocation, StatId::pending, kind);
+        raise_peak(StatId::active_bytes, StatId::allocated_bytes, StatId::pending_bytes, kAllPools);
+        raise_peak(StatId::active_bytes, StatId::allocated_bytes, StatId::pending_bytes, kind);
     }
     // Fills the derived "active" stats from "allocation" and "pending".
     void derive_active();

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
             std::sort(sorted.begin(), sorted.end(), before);
             size_t at = std::find(sorted.begin(), sorted.end(), old) - sorted.begin();
             bool here = (at == 0 || before(sorted[at - 1], b)) && (at + 1 == sorted.size() || before(b, sorted[at + 1]));
-            set.replace(old, b);
+            set.replace(old, b, before(b, old) ? BlockSet::Order::smaller : BlockSet::Order::larger);
             (here ? in_place : moved)++;
             free_blocks.push_back(old);
             in_set[k] = b;
