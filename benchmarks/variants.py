@@ -47,11 +47,33 @@ def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repea
         t0 = time.perf_counter()
         ops = run()
         times.append(time.perf_counter() - t0)
+    _profile_once(run)
     if sanitizer is not None:
         sanitizer.disable()
         findings = sanitizer.failing([f for f in sanitizer.flush() if not getattr(f, "live", False)])
         assert not findings, sanitizer.report(findings)
     print(json.dumps({"times": times, "ops": ops}))
+
+
+def _profile_once(run: Callable) -> None:
+    """With NPU_LIFETIME_BENCH_PROFILE=PATH: one more ``run()`` under
+    cProfile, its top functions by own time written to PATH (where the
+    variant's time goes, on the machine that timed it)."""
+    path = os.environ.get("NPU_LIFETIME_BENCH_PROFILE")
+    if not path:
+        return
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    ops = run()
+    profile.disable()
+    text = io.StringIO()
+    print(f"{ops} ops profiled", file=text)
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+    Path(path).write_text(text.getvalue())
 
 
 def alternate(script: str, device: str, rounds: int, child_args: list, describe: str) -> dict:
