@@ -46,6 +46,7 @@ def test_mem_pool_takes_the_allocations_inside_use_mem_pool(allocator):
     assert r["use_on_oom_refused"] == (allocator == "shim")
     assert r["inside_in_pool"] and not r["outside_in_pool"] and r["finite"]
     assert r["owners"] == [r["pool_id"]]
+    assert r["eager_cache_kept"]  # before: the pool's emptyCache emptied the eager cache too
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)

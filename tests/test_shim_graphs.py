@@ -5,6 +5,7 @@ import pytest
 from conftest import S1, S2
 
 from npu_lifetime.shim.native import library
+from shim_testing import check_invariants
 
 POOL = (7, 0)
 
@@ -183,6 +184,35 @@ def test_a_mem_pool_reference_without_a_capture_counts_and_releases(sim_shim):
     sim_shim.release_pool(0, POOL)  # the MemPool goes
     assert sim_shim.pool_use_count(0, POOL) == 0
     assert sim_shim.stats(0)["reserved_bytes.all.current"] < reserved
+
+
+def test_emptying_a_pools_cache_keeps_every_other_segment(sim_shim):
+    """torch's test_mempool_empty_cache: ~MemPool releases its pool, then
+    empties that pool's cache (emptyCache(id)).  Before, the bridge's
+    emptyCache(id) emptied the whole cache: no segment was left, the eager
+    one included.  As torch's, a pool still referenced keeps its segments."""
+    def use_mem_pool(pool):  # torch.cuda.use_mem_pool: a reference while allocating to it
+        sim_shim.begin_allocate_to_pool(0, pool, 0)
+        p = sim_shim.alloc(1 << 22, 0, S1)
+        sim_shim.end_allocate_to_pool(0, pool)
+        sim_shim.release_pool(0, pool)
+        return p
+
+    eager = sim_shim.alloc(1 << 22, 0, S1)
+    other = (8, 0)
+    for pool in (POOL, other):
+        sim_shim.create_or_incref_pool(0, pool)  # torch.cuda.MemPool()
+        sim_shim.free(use_mem_pool(pool), 1 << 22, 0, S1)  # cached in its pool
+    sim_shim.free(eager, 1 << 22, 0, S1)  # cached, eager
+    assert sim_shim.stats(0)["segment.all.current"] == 3
+    sim_shim.empty_pool_cache(0, other)  # still referenced: nothing goes
+    assert sim_shim.stats(0)["segment.all.current"] == 3
+    sim_shim.release_pool(0, POOL)  # del pool
+    sim_shim.empty_pool_cache(0, POOL)
+    s = sim_shim.stats(0)
+    assert (s["segment.all.current"], s["num_device_free"]) == (2, 1)
+    assert sim_shim.alloc(1 << 22, 0, S1) == eager  # the eager cache is intact
+    check_invariants()
 
 
 def test_block_records_match_the_snapshot(sim_shim):

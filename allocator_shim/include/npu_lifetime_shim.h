@@ -69,6 +69,10 @@ void* npl_base_allocation(void* ptr, size_t* size); /* the segment holding ptr, 
 void npl_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void* stream);
 void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
 void npl_release_pool(int device, uint64_t id0, uint64_t id1);
+/* npl_empty_cache for one graph pool (torch's emptyCache(mempool_id), which
+ * ~MemPool calls): its fully free segments go back, the others' stay.
+ * device < 0: the pool on every device. */
+void npl_empty_pool_cache(int device, uint64_t id0, uint64_t id1);
 /* The calling thread's next npl_alloc takes the cached memory at `ptr` (or
  * fails with a finding): how a pool checkpoint is restored through torch. */
 void npl_claim_next(void* ptr);

@@ -78,7 +78,8 @@ class CachingAllocator {
     void claim_next(void* ptr);
 
     void process_events();
-    void empty_cache();
+    // {0, 0}: every fully free segment; another id: that graph pool's, on `device` (< 0: every device).
+    void empty_cache(PoolId id = PoolId{}, int device = -1);
     void stats(int device, uint64_t* out) const;
     void reset_peak(int device);
     void reset_accumulated(int device);

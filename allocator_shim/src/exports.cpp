@@ -187,6 +187,10 @@ NPL_EXPORT void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1)
     guarded_void("end_allocate_to_pool", [&] { shim().allocator.end_allocate_to_pool(device, pool_id(id0, id1)); });
 }
 
+NPL_EXPORT void npl_empty_pool_cache(int device, uint64_t id0, uint64_t id1) {
+    guarded_void("empty_pool_cache", [&] { shim().allocator.empty_cache(pool_id(id0, id1), device); });
+}
+
 NPL_EXPORT void npl_release_pool(int device, uint64_t id0, uint64_t id1) {
     guarded_void("release_pool", [&] { shim().allocator.release_pool(device, pool_id(id0, id1)); });
 }

@@ -159,12 +159,13 @@ void CachingAllocator::release_free_segments(int device, bool any_device) {
     });
 }
 
-// Gives back the fully free segments of one graph pool, and nothing else:
-// its other segments go as their last blocks are freed (cache_block).
+// Gives back the fully free segments of one graph pool (on `device`, < 0:
+// every device), and nothing else: its other segments go as their last
+// blocks are freed (cache_block) once the pool is released.
 void CachingAllocator::release_pool_segments(int device, PoolId id) {
     if (queries_frozen()) return;
     segments_.remove_if([&](Segment* seg) {
-        bool mine = seg->device == device && seg->pool_id == id;
+        bool mine = (device < 0 || seg->device == device) && seg->pool_id == id;
         return mine && segment_releasable(seg) && release_segment(seg);
     });
 }
@@ -189,11 +190,12 @@ bool CachingAllocator::release_segment(Segment* seg) {
     return true;
 }
 
-// As torch's emptyCache: the host first waits for the events freed blocks
-// hold (pending blocks and cached blocks carrying use events), so those
-// blocks are free too, then every fully free segment goes back.  While a
-// capture may be underway only segments already free go (none do: frozen).
-void CachingAllocator::empty_cache() {
+// As torch's emptyCache(mempool_id): the host first waits for the events
+// freed blocks hold (pending blocks and cached blocks carrying use events),
+// so those blocks are free too, then every fully free segment goes back, or
+// for a graph pool's id only that pool's.  While a capture may be underway
+// only segments already free go (none do: frozen).
+void CachingAllocator::empty_cache(PoolId id, int device) {
     std::lock_guard<std::mutex> lock(mu_);
     if (rt_ == nullptr) return;
     if (!graph_pools_.any_capture_underway()) {
@@ -203,7 +205,8 @@ void CachingAllocator::empty_cache() {
         for (size_t d = 0; d < stats_.size(); ++d) drop_fired_events_of_cached(static_cast<int>(d));
         trim_quarantine(true);
     }
-    release_free_segments(0, true);
+    if (id.eager()) release_free_segments(0, true);
+    else release_pool_segments(device, id);
 }
 
 }  // namespace npl

@@ -62,6 +62,7 @@ struct Shim {
     void (*begin_pool)(int, MempoolId_t, std::function<bool(cudaStream_t)>);
     void (*end_pool)(int, MempoolId_t);
     void (*release_pool)(int, MempoolId_t);
+    void (*empty_pool_cache)(int, uint64_t, uint64_t);
     void (*incref_pool)(int, uint64_t, uint64_t);
     int (*pool_use_count)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
@@ -91,6 +92,7 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_torch_begin_allocate_to_pool", &s->begin_pool, &missing);
     find(lib, "npl_torch_end_allocate_to_pool", &s->end_pool, &missing);
     find(lib, "npl_torch_release_pool", &s->release_pool, &missing);
+    find(lib, "npl_empty_pool_cache", &s->empty_pool_cache, &missing);
     find(lib, "npl_create_or_incref_pool", &s->incref_pool, &missing);
     find(lib, "npl_pool_use_count", &s->pool_use_count, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
@@ -228,6 +230,16 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
     std::string name() override { return "npu_lifetime"; }
+
+    // ~MemPool empties its pool's cache (emptyCache(id)); the pluggable
+    // allocator would empty every pool's, the eager cache included.
+    void emptyCache(MempoolId_t id) override {
+        if (id.first == 0 && id.second == 0) {
+            shim_.empty_cache();
+        } else {
+            shim_.empty_pool_cache(-1, id.first, id.second);
+        }
+    }
 
     // cudnn benchmark sizes its workspace by the largest block it could get
     // without a new segment, or the device's free memory if none is cached.

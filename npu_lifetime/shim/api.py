@@ -182,6 +182,13 @@ def end_allocate_to_pool(device: int, pool: PoolId) -> None:
     library().npl_end_allocate_to_pool(check.device(device), pool[0], pool[1])
 
 
+def empty_pool_cache(device: int, pool: PoolId) -> None:
+    """``empty_cache`` for one graph pool: its fully free segments go back
+    (device -1: on every device), every other segment stays."""
+    pool = check.pool(pool)
+    library().npl_empty_pool_cache(-1 if device == -1 else check.device(device), pool[0], pool[1])
+
+
 def release_pool(device: int, pool: PoolId) -> None:
     pool = check.pool(pool)
     library().npl_release_pool(check.device(device), pool[0], pool[1])

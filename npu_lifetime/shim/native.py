@@ -37,6 +37,7 @@ _PROTOTYPES = {
     "npl_begin_allocate_to_pool": (None, [_I, _U64, _U64, _P]),
     "npl_end_allocate_to_pool": (None, [_I, _U64, _U64]),
     "npl_release_pool": (None, [_I, _U64, _U64]),
+    "npl_empty_pool_cache": (None, [_I, _U64, _U64]),
     "npl_pool_live_allocations": (_Z, [_I, _U64, _U64, _U64P, _Z]),
     "npl_claim_next": (None, [_P]),
     "npl_create_or_incref_pool": (None, [_I, _U64, _U64]),

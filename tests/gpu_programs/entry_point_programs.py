@@ -122,8 +122,12 @@ def mem_pool(allocator):
     owners = {tuple(seg.get("segment_pool_id", ())) for seg in pool.snapshot()}
     pool_id = list(pool.id)
     total = float(inside.sum() + outside.sum())
+    cached = torch.empty(1 << 24, device="cuda")  # a segment of its own (64 MiB), cached once freed
+    cached_segment = cached.data_ptr()
+    del cached
     del inside
-    del pool
+    del pool  # releases the pool and empties its cache: only its own (torch's test_mempool_empty_cache)
+    eager_segments = {seg["address"] for seg in torch.cuda.memory._snapshot()["segments"]}
     try:
         torch.cuda.MemPool(use_on_oom=True)
         refused = False
@@ -132,7 +136,8 @@ def mem_pool(allocator):
     torch.cuda.synchronize()
     return {**info, "counts": counts, "pool_id": pool_id, "inside_in_pool": len(pool_blocks) == 1,
             "outside_in_pool": outside.data_ptr() in pool_blocks, "owners": [list(o) for o in sorted(owners)],
-            "finite": total == total, "use_on_oom_refused": refused, "findings": findings(allocator)}
+            "finite": total == total, "use_on_oom_refused": refused,
+            "eager_cache_kept": cached_segment in eager_segments, "findings": findings(allocator)}
 
 
 def checkpoint_restore(allocator):
