@@ -268,7 +268,7 @@ SHIM_ROWS = [
     Row("set_memory_fraction str", lambda c: shim.set_memory_fraction("half"), TypeError,
         r"memory fraction must be a number in \[0, 1\], not str 'half'"),
     Row("set_memory_fraction nan", lambda c: shim.set_memory_fraction(float("nan")), ValueError,
-        r"memory fraction must be in \[0, 1\] \(0: no limit\), not nan"),
+        r"memory fraction must be in \[0, 1\] \(1: the whole device\), not nan"),
     Row("set_memory_fraction 1.5", lambda c: shim.set_memory_fraction(1.5), ValueError, r"not 1\.5"),
     Row("set_memory_fraction negative", lambda c: shim.set_memory_fraction(-0.1), ValueError, r"not -0\.1"),
     Row("set_memory_fraction bool", lambda c: shim.set_memory_fraction(True), TypeError, r"not bool True"),

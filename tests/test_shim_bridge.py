@@ -36,7 +36,7 @@ def test_out_of_memory_becomes_c10_out_of_memory_error_with_the_shims_figures(bu
     done = subprocess.run([str(driver), str(library_path()), str(built_bridge)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "npu_lifetime shim: out of memory on device 0: tried to allocate 1024.00 MiB" in done.stdout
+    assert "npu_lifetime shim: out of memory on device 0. Tried to allocate 1024.00 MiB" in done.stdout
 
 
 def test_without_a_compiler_the_bridge_is_unavailable(monkeypatch, tmp_path):

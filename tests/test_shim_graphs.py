@@ -215,6 +215,32 @@ def test_emptying_a_pools_cache_keeps_every_other_segment(sim_shim):
     check_invariants()
 
 
+def test_nested_pools_allocate_to_the_innermost(sim_shim):
+    """torch's test_nested_mempool: use_mem_pool inside use_mem_pool.
+    Before, every allocation went to the outermost pool."""
+    pools = [(11, 0), (12, 0), (13, 0)]
+    owner = {}
+
+    def allocate(pool):
+        p = sim_shim.alloc(20 * (1 << 20), 0, S1)
+        owner[p] = pool
+
+    sim_shim.begin_allocate_to_pool(0, pools[0], 0)
+    allocate(pools[0])
+    sim_shim.begin_allocate_to_pool(0, pools[1], 0)
+    allocate(pools[1])
+    sim_shim.begin_allocate_to_pool(0, pools[2], 0)
+    allocate(pools[2])
+    sim_shim.end_allocate_to_pool(0, pools[2])
+    allocate(pools[1])
+    sim_shim.end_allocate_to_pool(0, pools[1])
+    allocate(pools[0])
+    sim_shim.end_allocate_to_pool(0, pools[0])
+    for pool in pools:
+        live = set(sim_shim.pool_live_allocations(0, pool))
+        assert live == {p for p, o in owner.items() if o == pool}
+
+
 def test_block_records_match_the_snapshot(sim_shim):
     begin(sim_shim)
     in_pool = sim_shim.alloc(4096, 0, S1)

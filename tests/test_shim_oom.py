@@ -3,6 +3,8 @@ failing, the shim processes events, waits for pending blocks' events,
 drops fired events, releases free segments and retries; it honours the
 memory fraction; a failure is an out_of_memory finding with the figures
 (and, under torch, torch.OutOfMemoryError: see test_gpu_oom / the bridge tests)."""
+import re
+
 import pytest
 
 from conftest import S1, S2
@@ -53,8 +55,8 @@ def test_failure_is_a_finding_with_the_figures_and_the_program_goes_on(sim_shim)
     keep = sim_shim.alloc(40 * MB, 0, S1)
     assert sim_shim.alloc(100 * MB, 0, S1) == 0
     message = sim_shim.last_oom_message()
-    assert "out of memory on device 0" in message and "tried to allocate 100.00 MiB" in message
-    assert "40.00 MiB allocated" in message
+    assert "out of memory on device 0" in message and "Tried to allocate 100.00 MiB" in message
+    assert "Of the allocated memory 40.00 MiB is allocated to live tensors" in message
     [f] = sim_shim.findings()
     assert f["kind"] == "out_of_memory" and f["size"] == 100 * MB and f["detail"] == message
     assert sim_shim.stats()["num_ooms"] == 1
@@ -62,14 +64,30 @@ def test_failure_is_a_finding_with_the_figures_and_the_program_goes_on(sim_shim)
     sim_shim.free(keep, 40 * MB, 0, S1)
 
 
+def test_the_message_has_torchs_sentences_that_its_tests_match(sim_shim):
+    """torch's test_out_of_memory / test_out_of_memory_retry match its
+    allocator's words; before, the shim's message had its own."""
+    sim_shim.sim.set_memory_limit(64 * MB)
+    assert sim_shim.alloc(800_000_000 << 30, 0, S1) == 0
+    message = sim_shim.last_oom_message()
+    assert re.search(r"Tried to allocate 800000000\.00 GiB\. device 0 has a total capacity of 64\.00 MiB", message)
+    assert sim_shim.alloc(8_000_000_000 << 30, 0, S1) == 0
+    assert "Tried to allocate more than 1EB memory" in sim_shim.last_oom_message()
+    assert sim_shim.alloc(10 * MB, 0, S1) != 0  # the program continues
+
+
 def test_the_memory_fraction_limits_reserved_bytes(sim_shim):
     sim_shim.sim.set_memory_limit(1000 * MB)
+    assert sim_shim.memory_fraction(0) == 1.0  # torch's default: the whole device
     sim_shim.set_memory_fraction(0.1, 0)
     assert sim_shim.memory_fraction(0) == pytest.approx(0.1)
     assert sim_shim.alloc(60 * MB, 0, S1) != 0
     assert sim_shim.alloc(60 * MB, 0, S1) == 0  # 120 MB > 100 MB
     assert "memory fraction 0.1" in sim_shim.last_oom_message()
-    sim_shim.set_memory_fraction(0.0, 0)
+    sim_shim.set_memory_fraction(0.0, 0)  # as torch's: nothing may be reserved (test_get_per_process_memory_fraction)
+    assert sim_shim.memory_fraction(0) == 0.0
+    assert sim_shim.alloc(60 * MB, 0, S1) == 0
+    sim_shim.set_memory_fraction(1.0, 0)
     assert sim_shim.alloc(60 * MB, 0, S1) != 0
 
 

@@ -312,7 +312,7 @@ def test_d7_a_graph_pool_block_is_claimed_back_outside_a_capture(sim_shim):
 def test_d8_a_null_that_is_not_out_of_memory_does_not_repeat_the_last_oom_message(sim_shim):
     sim_shim.sim.set_memory_limit(64 * MB)
     assert sim_shim.alloc(100 * MB, 0, S1) == 0
-    assert "tried to allocate 100.00 MiB" in sim_shim.last_oom_message()
+    assert "Tried to allocate 100.00 MiB" in sim_shim.last_oom_message()
     assert library().npl_alloc(-5, 0, S1) is None  # an invalid size: NULL, not out of memory
     # before: still "out of memory ... tried to allocate 100.00 MiB" (what torch's bridge raises)
     assert "100.00 MiB" not in sim_shim.last_oom_message()

@@ -59,7 +59,9 @@ int npl_get_debug(void);
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */
 void npl_init(int device_count);
-void npl_set_memory_fraction(double fraction, int device); /* limits reserved bytes; 0: no limit */
+/* Limits reserved bytes to fraction x the device's memory, as torch's
+ * set_per_process_memory_fraction: 1 (the default) the whole device, 0 nothing. */
+void npl_set_memory_fraction(double fraction, int device);
 double npl_get_memory_fraction(int device);
 void* npl_base_allocation(void* ptr, size_t* size); /* the segment holding ptr, and its size */
 

@@ -132,6 +132,8 @@ bool worth_splitting(const Block* b, size_t size) {
 
 }  // namespace
 
+constexpr uint64_t kOneExbibyte = 1ull << 60;
+
 size_t segment_size_for(size_t size, bool small) {
     if (small) return kSmallSegment;
     return size < kMidLimit ? kMidSegment : round_up(size, kLargeRound);
@@ -263,6 +265,11 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
                              std::to_string(device));
         }
         return nullptr;  // a zero-byte request needs no memory
+    }
+    if (static_cast<uint64_t>(size) > kOneExbibyte) {  // as torch's allocator: no device has it
+        set_last_failure("npu_lifetime shim: out of memory on device " + std::to_string(device) +
+                         ". Tried to allocate more than 1EB memory.");
+        return nullptr;
     }
     // Every NULL for a positive size leaves its own reason in
     // last_oom_message() (what torch's bridge raises), never an earlier one's

@@ -198,7 +198,7 @@ class CachingAllocator {
     Quarantine quarantine_;
     TraceRing trace_;
     std::deque<DeviceStats> stats_;  // a deque: pools keep pointers into it
-    std::vector<double> fractions_;  // per device; 0: no limit
+    std::vector<double> fractions_;  // per device, as torch's: 1 (the default) the whole device, 0 nothing
     static thread_local char* claim_;
     int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
     bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device

@@ -42,8 +42,11 @@ bool GraphPools::release(int device, PoolId id) {
     return r->count == 0;
 }
 
+// The latest begin that takes the stream: nested use_mem_pool blocks
+// allocate to the innermost pool (torch's test_nested_mempool).
 PoolId GraphPools::pool_for(int device, Stream stream) {
-    for (Capture& c : captures_) {
+    for (auto it = captures_.rbegin(); it != captures_.rend(); ++it) {
+        Capture& c = *it;
         if (c.device != device || (c.filter && !c.filter(stream))) continue;
         if (std::find(c.streams.begin(), c.streams.end(), stream) == c.streams.end()) c.streams.push_back(stream);
         return c.id;

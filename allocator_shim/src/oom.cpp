@@ -10,10 +10,26 @@ namespace npl {
 namespace {
 thread_local std::string oom_message;
 
-std::string mib(uint64_t bytes) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+// Sizes as torch's out-of-memory message writes them (its tests match them).
+std::string size_text(uint64_t bytes) {
+    char buf[48];
+    if (bytes <= 1024) {
+        std::snprintf(buf, sizeof buf, "%" PRIu64 " bytes", bytes);
+    } else if (bytes <= (1ull << 20)) {
+        std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
+    } else if (bytes <= (1ull << 30)) {
+        std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+    } else {
+        std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+    }
     return buf;
+}
+
+// What torch's message calls the device: "GPU 0", "NPU 0".
+std::string device_word(const char* runtime, int device) {
+    std::string name = runtime;
+    std::string kind = name == "cuda" ? "GPU" : name == "acl" ? "NPU" : "device";
+    return kind + " " + std::to_string(device);
 }
 }  // namespace
 
@@ -21,8 +37,8 @@ const std::string& last_oom_message() { return oom_message; }
 void set_last_failure(std::string why) { oom_message = std::move(why); }
 
 Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int* code) {
-    double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
-    if (fraction > 0.0) {
+    double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 1.0;
+    if (fraction < 1.0) {
         size_t total = 0;
         if (rt_->memory_total(device, &total, code) == Status::ok) {
             auto limit = static_cast<uint64_t>(fraction * static_cast<double>(total));
@@ -47,14 +63,14 @@ bool CachingAllocator::set_memory_fraction(double fraction, int device) {
         report(std::move(f));
         return false;
     }
-    if (static_cast<size_t>(device) >= fractions_.size()) fractions_.resize(device + 1, 0.0);
+    if (static_cast<size_t>(device) >= fractions_.size()) fractions_.resize(device + 1, 1.0);
     fractions_[device] = fraction;
     return true;
 }
 
 double CachingAllocator::memory_fraction(int device) const {
     std::lock_guard<std::mutex> lock(mu_);
-    return device >= 0 && static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
+    return device >= 0 && static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 1.0;
 }
 
 // Frees memory step by step, searching the pool again after each step that
@@ -121,16 +137,20 @@ void CachingAllocator::note_oom(int device, size_t size, size_t segment, Stream 
     size_t total = 0;
     int c = 0;
     rt_->memory_total(device, &total, &c);
-    double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 0.0;
-    std::string text = "npu_lifetime shim: out of memory on device " + std::to_string(device) + ": tried to allocate " +
-                       mib(size) + " (a " + mib(segment) + " segment); " + mib(reserved) + " reserved, " +
-                       mib(allocated) + " allocated to live tensors, " + mib(pending) +
-                       " freed but waiting for other streams' events, " + mib(reserved - allocated - pending) +
+    double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 1.0;
+    // torch's sentences first (its own tests match them), then the shim's account
+    std::string text = "npu_lifetime shim: out of memory on device " + std::to_string(device) + ". Tried to allocate " +
+                       size_text(size) + ". " + device_word(rt_->name, device) + " has a total capacity of " +
+                       (total ? size_text(total) : std::string("(not reported by the runtime)")) +
+                       ". Of the allocated memory " + size_text(allocated) + " is allocated to live tensors, and " +
+                       size_text(reserved - allocated) + " is reserved but unallocated: " + size_text(pending) +
+                       " freed but waiting for other streams' events, " + size_text(reserved - allocated - pending) +
                        " cached";
-    if (quarantined) text += " (" + mib(quarantined) + " in the debug quarantine)";
-    if (total) text += "; device total " + mib(total);
-    if (fraction > 0.0) text += "; memory fraction " + std::to_string(fraction);
+    if (quarantined) text += " (" + size_text(quarantined) + " of it in the debug quarantine)";
+    text += ". The request needed a " + size_text(segment) + " segment";
+    if (fraction < 1.0) text += "; memory fraction " + std::to_string(fraction);
     if (*why) text += std::string("; ") + why;
+    text += ".";
     oom_message = text;
     Finding f;
     f.kind = "out_of_memory";

@@ -30,6 +30,8 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -63,6 +65,11 @@ struct Shim {
     void (*end_pool)(int, MempoolId_t);
     void (*release_pool)(int, MempoolId_t);
     void (*empty_pool_cache)(int, uint64_t, uint64_t);
+    char* (*stats_names_json)();
+    size_t (*stats_values)(int, uint64_t*, size_t);
+    void (*reset_peak)(int);
+    void (*reset_accumulated)(int);
+    double (*get_fraction)(int);
     void (*incref_pool)(int, uint64_t, uint64_t);
     int (*pool_use_count)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
@@ -93,6 +100,11 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_torch_end_allocate_to_pool", &s->end_pool, &missing);
     find(lib, "npl_torch_release_pool", &s->release_pool, &missing);
     find(lib, "npl_empty_pool_cache", &s->empty_pool_cache, &missing);
+    find(lib, "npl_stats_names_json", &s->stats_names_json, &missing);
+    find(lib, "npl_stats_values", &s->stats_values, &missing);
+    find(lib, "npl_reset_peak", &s->reset_peak, &missing);
+    find(lib, "npl_reset_accumulated", &s->reset_accumulated, &missing);
+    find(lib, "npl_get_memory_fraction", &s->get_fraction, &missing);
     find(lib, "npl_create_or_incref_pool", &s->incref_pool, &missing);
     find(lib, "npl_pool_use_count", &s->pool_use_count, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
@@ -111,6 +123,61 @@ std::vector<npl_block_record> block_records(const Shim& shim) {
         }
         out.resize(n + 64);  // blocks were added between the two calls: ask again
     }
+}
+
+// The shim's statistics by name ("allocated_bytes.all.current": value).
+std::unordered_map<std::string, int64_t> stats_by_name(const Shim& shim, int device) {
+    std::vector<std::string> names;
+    if (char* json = shim.stats_names_json()) {  // a JSON list of plain names: no escapes
+        for (const char* p = json; (p = std::strchr(p, '"')) != nullptr;) {
+            const char* end = std::strchr(p + 1, '"');
+            if (end == nullptr) break;
+            names.emplace_back(p + 1, end);
+            p = end + 1;
+        }
+        std::free(json);
+    }
+    std::vector<uint64_t> values(names.size());
+    std::unordered_map<std::string, int64_t> out;
+    if (names.empty() || shim.stats_values(device, values.data(), values.size()) != names.size()) return out;
+    for (size_t i = 0; i < names.size(); ++i) out[names[i]] = static_cast<int64_t>(values[i]);
+    return out;
+}
+
+// torch's DeviceStats from the shim's: what C++ callers (torch.accelerator's
+// memory_stats) read.
+c10::CachingDeviceAllocator::DeviceStats device_stats(const Shim& shim, int device) {
+    auto named = stats_by_name(shim, device);
+    auto get = [&](const std::string& key) {
+        auto it = named.find(key);
+        return it == named.end() ? 0 : it->second;
+    };
+    auto fill = [&](auto& array, const char* name) {
+        const char* pools[] = {"all", "small_pool", "large_pool"};
+        for (size_t i = 0; i < 3; ++i) {
+            std::string prefix = std::string(name) + "." + pools[i] + ".";
+            array[i].current = get(prefix + "current");
+            array[i].peak = get(prefix + "peak");
+            array[i].allocated = get(prefix + "allocated");
+            array[i].freed = get(prefix + "freed");
+        }
+    };
+    c10::CachingDeviceAllocator::DeviceStats s;
+    fill(s.allocation, "allocation");
+    fill(s.segment, "segment");
+    fill(s.active, "active");
+    fill(s.inactive_split, "inactive_split");
+    fill(s.allocated_bytes, "allocated_bytes");
+    fill(s.reserved_bytes, "reserved_bytes");
+    fill(s.active_bytes, "active_bytes");
+    fill(s.inactive_split_bytes, "inactive_split_bytes");
+    fill(s.requested_bytes, "requested_bytes");
+    s.num_alloc_retries = get("num_alloc_retries");
+    s.num_ooms = get("num_ooms");
+    s.num_sync_all_streams = get("num_sync_all_streams");
+    s.num_device_alloc = get("num_device_alloc");
+    s.num_device_free = get("num_device_free");
+    return s;
 }
 
 bool in_pool(const npl_block_record& r, MempoolId_t id) { return r.pool_id0 == id.first && r.pool_id1 == id.second; }
@@ -230,6 +297,12 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
     std::string name() override { return "npu_lifetime"; }
+
+    // C++ callers of the statistics (torch.accelerator.memory_stats & co.).
+    c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override { return device_stats(shim_, device); }
+    void resetPeakStats(c10::DeviceIndex device) override { shim_.reset_peak(device); }
+    void resetAccumulatedStats(c10::DeviceIndex device) override { shim_.reset_accumulated(device); }
+    double getMemoryFraction(c10::DeviceIndex device) override { return shim_.get_fraction(device); }
 
     // ~MemPool empties its pool's cache (emptyCache(id)); the pluggable
     // allocator would empty every pool's, the eager cache included.

@@ -154,7 +154,8 @@ def empty_cache() -> None:
 
 def set_memory_fraction(fraction: float, device: int = 0) -> None:
     """Limits the bytes the shim reserves on ``device`` to ``fraction`` of
-    the device's memory (0: no limit)."""
+    the device's memory, as torch's ``set_per_process_memory_fraction``: 1
+    (the default) the whole device, 0 nothing."""
     library().npl_set_memory_fraction(check.fraction(fraction), check.device(device))
 
 

@@ -91,11 +91,11 @@ def flag(value, name: str) -> bool:
 
 
 def fraction(value) -> float:
-    """A memory fraction in [0, 1] (0: no limit)."""
+    """A memory fraction in [0, 1] (1: the whole device, the default)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"the memory fraction must be a number in [0, 1], not {type(value).__name__} {value!r}")
     if math.isnan(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"the memory fraction must be in [0, 1] (0: no limit), not {value}")
+        raise ValueError(f"the memory fraction must be in [0, 1] (1: the whole device), not {value}")
     return float(value)
 
 
