@@ -1,11 +1,13 @@
 """Graph capture under the shim (simulated runtime): private pools, frees
 during a capture, and no event queried or recorded inside a capture.
 The torch side (torch.cuda.graph, cudagraph trees) runs in test_gpu_graphs.py."""
+import ctypes
+
 import pytest
 from conftest import S1, S2
 
 from npu_lifetime.shim.native import library
-from shim_testing import check_invariants
+from shim_testing import check_invariants, sim_calls
 
 POOL = (7, 0)
 
@@ -239,6 +241,54 @@ def test_nested_pools_allocate_to_the_innermost(sim_shim):
     for pool in pools:
         live = set(sim_shim.pool_live_allocations(0, pool))
         assert live == {p for p, o in owner.items() if o == pool}
+
+
+SEGMENT_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+SEGMENT_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def test_a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it(sim_shim):
+    """torch.cuda.MemPool(allocator) (test_mempool_with_allocator,
+    test_tensor_delete_after_allocator_delete): the pool's segments come from
+    its allocator and go back to it, even once the pool is gone; other
+    pools and eager allocations keep the runtime's.  Before, the bridge
+    refused such a pool."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    given, returned = [], []
+
+    @SEGMENT_ALLOC
+    def alloc(size, device, stream, ctx):
+        p = libc.malloc(size)
+        given.append((p, size))
+        return p
+
+    @SEGMENT_FREE
+    def free(ptr, size, device, stream, ctx):
+        returned.append((ptr, size))
+        libc.free(ptr)
+
+    sim_shim.create_or_incref_pool(0, POOL)  # torch.cuda.MemPool(allocator)
+    library().npl_set_pool_allocator(0, POOL[0], POOL[1], ctypes.cast(alloc, ctypes.c_void_p),
+                                     ctypes.cast(free, ctypes.c_void_p), None)
+    runtime_allocs = sim_calls("malloc")
+    sim_shim.begin_allocate_to_pool(0, POOL, 0)
+    p = sim_shim.alloc(1 << 20, 0, S1)
+    sim_shim.end_allocate_to_pool(0, POOL)
+    sim_shim.release_pool(0, POOL)
+    assert len(given) == 1 and given[0][0] <= p < given[0][0] + given[0][1]
+    eager = sim_shim.alloc(1 << 20, 0, S1)  # not the pool's: the runtime's
+    assert len(given) == 1 and not given[0][0] <= eager < given[0][0] + given[0][1]
+    sim_shim.release_pool(0, POOL)  # the MemPool goes; its tensor lives on
+    assert returned == []
+    sim_shim.free(p, 1 << 20, 0, S1)  # the pool's last block: its segment goes back to its allocator
+    assert returned == given
+    sim_shim.free(eager, 1 << 20, 0, S1)
+    assert sim_calls("malloc") == runtime_allocs + 1  # the eager segment only
+    library().npl_set_pool_allocator(0, 9, 0, ctypes.cast(alloc, ctypes.c_void_p), None, None)
+    assert [f["kind"] for f in sim_shim.findings()] == ["invalid_argument"]
+    check_invariants()
 
 
 def test_block_records_match_the_snapshot(sim_shim):

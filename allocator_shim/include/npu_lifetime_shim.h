@@ -71,6 +71,14 @@ void* npl_base_allocation(void* ptr, size_t* size); /* the segment holding ptr, 
 void npl_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void* stream);
 void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
 void npl_release_pool(int device, uint64_t id0, uint64_t id1);
+/* A graph pool's own segment allocator (torch.cuda.MemPool(allocator), e.g.
+ * ncclMemAlloc): the pool's segments come from `alloc` (NULL: out of memory)
+ * and go back through `free`, even after the pool is gone.  Neither may
+ * call into the shim; `ctx` is passed through.  alloc NULL: the runtime again. */
+typedef void* (*npl_segment_alloc_fn)(size_t size, int device, void* stream, void* ctx);
+typedef void (*npl_segment_free_fn)(void* ptr, size_t size, int device, void* stream, void* ctx);
+void npl_set_pool_allocator(int device, uint64_t id0, uint64_t id1, npl_segment_alloc_fn alloc,
+                            npl_segment_free_fn free, void* ctx);
 /* npl_empty_cache for one graph pool (torch's emptyCache(mempool_id), which
  * ~MemPool calls): its fully free segments go back, the others' stay.
  * device < 0: the pool on every device. */

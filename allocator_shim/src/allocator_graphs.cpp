@@ -42,6 +42,20 @@ void CachingAllocator::create_or_incref_pool(int device, PoolId id) {
     graph_pools_.incref(device, id);
 }
 
+void CachingAllocator::set_pool_allocator(int device, PoolId id, SegmentSource source) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if ((source.alloc == nullptr) != (source.free == nullptr)) {
+        Finding f;
+        f.kind = "invalid_argument";
+        f.op = "set_pool_allocator";
+        f.device = device;
+        f.detail = "a pool's allocator needs both its alloc and its free; ignored";
+        report(std::move(f));
+        return;
+    }
+    graph_pools_.set_source(device, id, source);
+}
+
 int CachingAllocator::pool_use_count(int device, PoolId id) const {
     std::lock_guard<std::mutex> lock(mu_);
     return graph_pools_.use_count(device, id);

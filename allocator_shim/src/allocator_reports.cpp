@@ -152,7 +152,7 @@ void CachingAllocator::reset() {
             b = next;
         }
         int code = 0;
-        if (rt_->free(seg->base, seg->device, &code) != Status::ok) runtime_error("free", code, nullptr, nullptr);
+        if (segment_free(seg, &code) != Status::ok) runtime_error("free", code, nullptr, nullptr);
     });
     events_.clear([&](Event e, int device) { destroy_event(e, device); });
     for (Block* b : spare_blocks_) delete b;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "block_set.h"
+#include "npu_lifetime_shim.h"
 #include "runtime.h"
 
 namespace npl {
@@ -83,6 +84,14 @@ struct Block {
     }
 };
 
+// Where a graph pool's segments come from when not from the runtime: the
+// allocator of a torch.cuda.MemPool(allocator).
+struct SegmentSource {
+    npl_segment_alloc_fn alloc = nullptr;  // nullptr: the runtime
+    npl_segment_free_fn free = nullptr;
+    void* ctx = nullptr;
+};
+
 struct Segment {
     char* base = nullptr;
     size_t size = 0;
@@ -91,6 +100,7 @@ struct Segment {
     bool small = false;
     PoolId pool_id;
     Block* first = nullptr;
+    SegmentSource source;  // kept with the segment: it outlives its pool
 };
 
 // The cached blocks of one (device, stream, size class, graph pool).

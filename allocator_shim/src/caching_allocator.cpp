@@ -456,11 +456,12 @@ Block* CachingAllocator::new_segment(Pool* p, size_t size, Stream stream) {
 Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, int* code) {
     size_t bytes = segment_size_for(size, p->small);
     void* ptr = nullptr;
-    *status = device_malloc(&ptr, bytes, p->device, code);
+    SegmentSource source = p->id.eager() ? SegmentSource{} : graph_pools_.source(p->device, p->id);
+    *status = segment_malloc(source, &ptr, bytes, p->device, p->stream, code);
     if (*status != Status::ok) return nullptr;
     Block* b = new_block();
     b->pool = p;
-    segments_.add(static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, b);
+    segments_.add(static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, b)->source = source;
     DeviceStats& st = dstats(p->device);
     st.add(StatId::segment, p->small, 1);
     st.add(StatId::reserved_bytes, p->small, static_cast<int64_t>(bytes));

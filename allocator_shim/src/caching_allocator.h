@@ -70,6 +70,7 @@ class CachingAllocator {
     void release_pool(int device, PoolId id);
     std::vector<void*> pool_live_allocations(int device, PoolId id) const;
     void create_or_incref_pool(int device, PoolId id);
+    void set_pool_allocator(int device, PoolId id, SegmentSource source);
     int pool_use_count(int device, PoolId id) const;
     // Every block, segments in address order (npl_block_records).
     std::vector<npl_block_record> block_records() const;
@@ -125,6 +126,8 @@ class CachingAllocator {
     Block* try_new_segment(Pool* pool, size_t size, Status* status, int* code);
     Block* out_of_memory_path(Pool* pool, size_t size, Stream stream, Status first, int code);
     Status device_malloc(void** ptr, size_t bytes, int device, int* code);
+    Status segment_malloc(const SegmentSource& source, void** ptr, size_t bytes, int device, Stream stream, int* code);
+    Status segment_free(const Segment* seg, int* code);
     void split(Block* b, size_t size);
     Block* split_off(Block* b, size_t size);
     void mark_live(Block* b, size_t requested);

@@ -187,6 +187,13 @@ NPL_EXPORT void npl_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1)
     guarded_void("end_allocate_to_pool", [&] { shim().allocator.end_allocate_to_pool(device, pool_id(id0, id1)); });
 }
 
+NPL_EXPORT void npl_set_pool_allocator(int device, uint64_t id0, uint64_t id1, npl_segment_alloc_fn alloc,
+                                       npl_segment_free_fn free, void* ctx) {
+    guarded_void("set_pool_allocator", [&] {
+        shim().allocator.set_pool_allocator(device, pool_id(id0, id1), npl::SegmentSource{alloc, free, ctx});
+    });
+}
+
 NPL_EXPORT void npl_empty_pool_cache(int device, uint64_t id0, uint64_t id1) {
     guarded_void("empty_pool_cache", [&] { shim().allocator.empty_cache(pool_id(id0, id1), device); });
 }

@@ -14,10 +14,24 @@ void GraphPools::begin(int device, PoolId id, StreamFilter filter, Stream stream
 void GraphPools::incref(int device, PoolId id) {
     Refs* r = refs(device, id);
     if (r == nullptr) {
-        refs_.push_back(Refs{device, id, 1});
+        refs_.push_back(Refs{device, id, 1, {}});
     } else {
         r->count++;
     }
+}
+
+void GraphPools::set_source(int device, PoolId id, SegmentSource source) {
+    Refs* r = refs(device, id);
+    if (r == nullptr) {
+        refs_.push_back(Refs{device, id, 0, source});
+    } else {
+        r->source = source;
+    }
+}
+
+SegmentSource GraphPools::source(int device, PoolId id) const {
+    const Refs* r = refs(device, id);
+    return r == nullptr ? SegmentSource{} : r->source;
 }
 
 int GraphPools::use_count(int device, PoolId id) const {

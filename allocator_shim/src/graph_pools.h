@@ -36,6 +36,9 @@ class GraphPools {
     // torch.cuda.MemPool: a reference without a capture (created at one).
     void incref(int device, PoolId id);
     int use_count(int device, PoolId id) const;  // 0 for a pool never opened
+    // torch.cuda.MemPool(allocator): where the pool's segments come from.
+    void set_source(int device, PoolId id, SegmentSource source);
+    SegmentSource source(int device, PoolId id) const;  // the runtime's (empty) by default
 
     // The private pool an allocation on (device, stream) goes to, if a
     // capture on `device` claims the stream (which it then knows); else the
@@ -67,6 +70,7 @@ class GraphPools {
         int device;
         PoolId id;
         int count;
+        SegmentSource source;
     };
     Refs* refs(int device, PoolId id);
     const Refs* refs(int device, PoolId id) const;

@@ -52,6 +52,21 @@ Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int
     return rt_->malloc(ptr, bytes, device, code);
 }
 
+// A segment's memory: from its pool's own allocator if it has one, else the runtime's.
+Status CachingAllocator::segment_malloc(const SegmentSource& source, void** ptr, size_t bytes, int device,
+                                        Stream stream, int* code) {
+    if (source.alloc == nullptr) return device_malloc(ptr, bytes, device, code);
+    *code = 0;
+    *ptr = source.alloc(bytes, device, stream, source.ctx);
+    return *ptr != nullptr ? Status::ok : Status::out_of_memory;
+}
+
+Status CachingAllocator::segment_free(const Segment* seg, int* code) {
+    if (seg->source.alloc == nullptr) return rt_->free(seg->base, seg->device, code);
+    seg->source.free(seg->base, seg->size, seg->device, seg->stream, seg->source.ctx);
+    return Status::ok;
+}
+
 bool CachingAllocator::set_memory_fraction(double fraction, int device) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!(fraction >= 0.0 && fraction <= 1.0) || device < 0) {
@@ -196,7 +211,7 @@ void CachingAllocator::release_pool_segments(int device, PoolId id) {
 bool CachingAllocator::release_segment(Segment* seg) {
     Block* b = seg->first;
     int code = 0;
-    if (rt_->free(seg->base, seg->device, &code) != Status::ok) {
+    if (segment_free(seg, &code) != Status::ok) {
         runtime_error("free", code, b, nullptr);
         return false;
     }

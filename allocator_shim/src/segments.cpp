@@ -7,7 +7,7 @@
 namespace npl {
 
 Segment* Segments::add(char* base, size_t size, int device, Stream stream, bool small, PoolId pool_id, Block* first) {
-    auto* seg = new Segment{base, size, device, stream, small, pool_id, nullptr};
+    auto* seg = new Segment{base, size, device, stream, small, pool_id, nullptr, {}};
     first->ptr = seg->base;
     first->size = size;
     first->device = device;

@@ -24,6 +24,7 @@
 //   own containers;
 // - no C++ exception leaves the extern "C" functions.
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
@@ -65,6 +66,7 @@ struct Shim {
     void (*end_pool)(int, MempoolId_t);
     void (*release_pool)(int, MempoolId_t);
     void (*empty_pool_cache)(int, uint64_t, uint64_t);
+    void (*set_pool_allocator)(int, uint64_t, uint64_t, npl_segment_alloc_fn, npl_segment_free_fn, void*);
     char* (*stats_names_json)();
     size_t (*stats_values)(int, uint64_t*, size_t);
     void (*reset_peak)(int);
@@ -100,6 +102,7 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_torch_end_allocate_to_pool", &s->end_pool, &missing);
     find(lib, "npl_torch_release_pool", &s->release_pool, &missing);
     find(lib, "npl_empty_pool_cache", &s->empty_pool_cache, &missing);
+    find(lib, "npl_set_pool_allocator", &s->set_pool_allocator, &missing);
     find(lib, "npl_stats_names_json", &s->stats_names_json, &missing);
     find(lib, "npl_stats_values", &s->stats_values, &missing);
     find(lib, "npl_reset_peak", &s->reset_peak, &missing);
@@ -178,6 +181,26 @@ c10::CachingDeviceAllocator::DeviceStats device_stats(const Shim& shim, int devi
     s.num_device_alloc = get("num_device_alloc");
     s.num_device_free = get("num_device_free");
     return s;
+}
+
+// A MemPool's own allocator as the shim's segment source for its pool
+// (ctx: the allocator, kept alive by the bridge).  No exception crosses into
+// the shim: a failed allocation is NULL, the shim's out-of-memory path.
+void* pool_segment_alloc(size_t size, int device, void* stream, void* ctx) {
+    try {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+        return static_cast<cca::CUDAAllocator*>(ctx)->raw_alloc_with_stream(size, static_cast<cudaStream_t>(stream));
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+void pool_segment_free(void* ptr, size_t /*size*/, int device, void* /*stream*/, void* ctx) {
+    try {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+        static_cast<cca::CUDAAllocator*>(ctx)->raw_delete(ptr);
+    } catch (...) {
+    }
 }
 
 bool in_pool(const npl_block_record& r, MempoolId_t id) { return r.pool_id0 == id.first && r.pool_id1 == id.second; }
@@ -329,10 +352,16 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
 
     void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id,
                             std::shared_ptr<cca::CUDAAllocator> allocator) override {
-        TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                    "npu_lifetime: a MemPool with an allocator of its own is not supported while the shim is "
-                    "torch's allocator; use torch.cuda.MemPool() without one");
         shim_.incref_pool(device, id.first, id.second);
+        if (allocator == nullptr || allocator.get() == this) return;
+        // The pool's segments come from its own allocator, which lives as long
+        // as the process: a segment may outlive the pool and the Python
+        // allocator object (test_tensor_delete_after_allocator_delete).
+        {
+            std::lock_guard<std::mutex> lock(pool_allocators_mu_);
+            pool_allocators_.push_back(allocator);
+        }
+        shim_.set_pool_allocator(device, id.first, id.second, pool_segment_alloc, pool_segment_free, allocator.get());
     }
 
     // MemPool(use_on_oom=True) lets other allocations take a pool's memory
@@ -474,6 +503,8 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
 
     Shim shim_;
     std::shared_ptr<History> history_;
+    std::mutex pool_allocators_mu_;
+    std::vector<std::shared_ptr<cca::CUDAAllocator>> pool_allocators_;  // MemPools' own, never released
 };
 
 std::string last_error;

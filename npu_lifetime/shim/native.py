@@ -38,6 +38,7 @@ _PROTOTYPES = {
     "npl_end_allocate_to_pool": (None, [_I, _U64, _U64]),
     "npl_release_pool": (None, [_I, _U64, _U64]),
     "npl_empty_pool_cache": (None, [_I, _U64, _U64]),
+    "npl_set_pool_allocator": (None, [_I, _U64, _U64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
     "npl_pool_live_allocations": (_Z, [_I, _U64, _U64, _U64P, _Z]),
     "npl_claim_next": (None, [_P]),
     "npl_create_or_incref_pool": (None, [_I, _U64, _U64]),
