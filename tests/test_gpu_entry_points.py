@@ -33,6 +33,7 @@ def test_memory_history_is_read_by_torchs_own_tools(allocator):
     check_backend(r, allocator)
     assert {"alloc", "free_requested", "free_completed"} <= set(r["actions"])
     assert r["alloc_frames_named"] and r["live_block_frames_named"] and r["dumped_same_keys"]
+    assert r["frames_kept_after_history_off"]  # before: the shim dropped them when history went off
     assert all(v is True for v in r["tools"].values()), r["tools"]
     if allocator == "shim":
         assert r["held_shows_event"]
