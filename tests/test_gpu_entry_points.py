@@ -57,3 +57,12 @@ def test_cudagraph_trees_restore_checkpoints_with_live_outputs(allocator):
     assert r["error"] is None
     assert r["same"] == [True] * 8
     assert r["checkpoints"] >= 1  # a restore really happened
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_accelerator_statistics_and_the_memory_fraction_read_as_torchs(allocator):
+    r = run_program("entry_point_programs.py", "stats_and_fraction", allocator)
+    check_backend(r, allocator)
+    assert r["active_grew_by"] == 1024  # before: {} under the shim (KeyError in torch's test_memory_stats)
+    assert r["initial_fraction"] == 1.0
+    assert r["fractions"] == [1.0, 0.0, 0.25]  # before: 0 read back as 1 under the shim

@@ -326,6 +326,11 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
 
     std::string name() override { return "npu_lifetime"; }
 
+    // The shim needs no init: it is ready once installed, even where torch's
+    // CUDA init ran before the install (torch.accelerator.memory_stats
+    // returns {} for an allocator not initialized).
+    bool initialized() override { return true; }
+
     // C++ callers of the statistics (torch.accelerator.memory_stats & co.).
     c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override { return device_stats(shim_, device); }
     void resetPeakStats(c10::DeviceIndex device) override { shim_.reset_peak(device); }

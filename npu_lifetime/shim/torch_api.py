@@ -60,7 +60,7 @@ def reset_accumulated_memory_stats(device: int) -> None:
 
 
 def get_memory_fraction(device: int) -> float:
-    return api.memory_fraction(device) or 1.0
+    return api.memory_fraction(device)  # as torch's: 1 by default, 0 once set to 0
 
 
 def memory_snapshot(*_args, **_kwargs) -> dict:

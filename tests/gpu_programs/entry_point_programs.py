@@ -178,5 +178,25 @@ def checkpoint_restore(allocator):
     return {**info, "same": same, "error": error, "checkpoints": checkpoints, "findings": findings(allocator)}
 
 
+def stats_and_fraction(allocator):
+    """torch's test_memory_stats and test_get_per_process_memory_fraction:
+    torch.accelerator's statistics (C++ getDeviceStats) follow a 1 KiB
+    tensor; a fraction set to 0 reads back 0 (torch's meaning: nothing may
+    be reserved), 1 is the default."""
+    info = setup(allocator)
+    before = torch.accelerator.memory_stats().get("active_bytes.all.current")
+    t = torch.randn(256, device="cuda")
+    after = torch.accelerator.memory_stats().get("active_bytes.all.current")
+    del t
+    initial = torch.cuda.get_per_process_memory_fraction()
+    fractions = []
+    for value in (1.0, 0.0, 0.25):
+        torch.cuda.set_per_process_memory_fraction(value)
+        fractions.append(torch.cuda.get_per_process_memory_fraction())
+    torch.cuda.set_per_process_memory_fraction(initial)
+    return {**info, "active_grew_by": None if before is None or after is None else after - before,
+            "initial_fraction": initial, "fractions": fractions, "findings": findings(allocator)}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])))
