@@ -275,7 +275,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     // last_oom_message() (what torch's bridge raises), never an earlier one's
     // (an exception's: internal_error, at the C boundary).
     std::lock_guard<std::mutex> lock(mu_);
-    ensure_runtime();
+    if (rt_ == nullptr) ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
     bool capture = graph_pools_.any_capture_underway();
@@ -604,6 +604,11 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     s.shrink(StatId::allocated_bytes, b->small, n);
     s.shrink(StatId::requested_bytes, b->small, static_cast<int64_t>(b->requested));
     trace(TraceKind::free, b, nullptr);
+    if (b->uses.empty() && b->held.empty() && !quarantine_.enabled()) {  // nothing to wait for (finish_free's
+        trace(TraceKind::reusable, b, nullptr);                          // outcome, without its steps)
+        cache_block(b);
+        return;
+    }
     if (quarantine_.enabled()) {  // a write after the free is reported with these
         b->last_streams.clear();
         for (const StreamUse& u : b->uses) b->last_streams.push_back(u.stream);

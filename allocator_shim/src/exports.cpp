@@ -93,10 +93,10 @@ npl::PoolId pool_id(uint64_t id0, uint64_t id1) { return npl::PoolId{id0, id1}; 
 }  // namespace
 
 NPL_EXPORT void* npl_alloc(ssize_t size, int device, void* stream) {
-    void* p = guarded("alloc", static_cast<void*>(nullptr),
-                      [&] { return shim().allocator.allocate(size, device, stream); });
+    npl::Shim& s = shim();
+    void* p = guarded("alloc", static_cast<void*>(nullptr), [&] { return s.allocator.allocate(size, device, stream); });
     if (p != nullptr) {
-        shim().hooks.call([&](const npl::HookSlot::Hooks& h) {
+        s.hooks.call([&](const npl::HookSlot::Hooks& h) {
             if (h.on_alloc != nullptr) h.on_alloc(p, static_cast<size_t>(size), device, stream, h.ctx);
         });
     }
@@ -105,10 +105,11 @@ NPL_EXPORT void* npl_alloc(ssize_t size, int device, void* stream) {
 
 NPL_EXPORT void npl_free(void* ptr, ssize_t size, int device, void* stream) {
     if (ptr == nullptr) return;
-    shim().hooks.call([&](const npl::HookSlot::Hooks& h) {
+    npl::Shim& s = shim();
+    s.hooks.call([&](const npl::HookSlot::Hooks& h) {
         if (h.on_free != nullptr) h.on_free(ptr, static_cast<size_t>(size), device, stream, h.ctx);
     });
-    guarded_void("free", [&] { shim().allocator.free(ptr, size, device, stream); });
+    guarded_void("free", [&] { s.allocator.free(ptr, size, device, stream); });
 }
 
 NPL_EXPORT int npl_record_stream(void* ptr, void* stream) { return npl_record_stream_device(ptr, stream, -1); }
