@@ -526,6 +526,11 @@ std::string last_error;
 // served an allocation).
 extern "C" __attribute__((visibility("default"))) const char* npl_cuda_install(const char* shim_path) {
     try {
+        // Installed already (by another copy of the Python package, say): the
+        // shim is torch's allocator; swapping it for a second bridge would
+        // drop the first one's state, and torch refuses it once initialized.
+        cca::CUDAAllocator* current = cca::get();
+        if (current != nullptr && current->name() == "npu_lifetime") return nullptr;
         Shim shim{};
         last_error = load_shim(shim_path, &shim);
         if (!last_error.empty()) return last_error.c_str();
