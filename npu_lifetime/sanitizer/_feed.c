@@ -4,11 +4,12 @@
  * (the fallback, and what this file follows line by line); storages not in
  * the table yet, and sizes learnt at first sight, are handed back to it.
  *
- * feed(found, live, sizeless, first_sight, sized, access, stream, op_name, site)
+ * feed(found, live, sizeless, first_sight, sized, access, stream, fresh_stream, op_name, site)
  *   found:       [StorageAccess]             (accesses.py)
  *   live:        {address: storage id}       (StorageTable.live)
  *   sizeless:    {storage id}                (StorageTable.sizeless)
- *   first_sight: callable(entry) -> storage id, for an address not in live
+ *   first_sight: callable(entry, fresh_stream, site) -> storage id, for an address not in live
+ *                (its arguments passed here: no closure to build per op)
  *   sized:       callable(storage id, entry), for an id in sizeless
  *   access:      the model's bound access(sid, stream, is_write, op, site, names)
  * Returns the races the accesses made, as one list.
@@ -27,15 +28,19 @@ static int flag(PyObject *entry, PyObject *name) {
     return truth;
 }
 
-/* The storage id of entry: from live, else first_sight(entry); sized(sid,
- * entry) when it has no size yet.  A new reference, or NULL. */
+/* The storage id of entry: from live, else first_sight(entry, fresh_stream,
+ * site); sized(sid, entry) when it has no size yet.  A new reference, or NULL. */
 static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless, PyObject *first_sight,
-                            PyObject *sized) {
+                            PyObject *sized, PyObject *fresh_stream, PyObject *site) {
     PyObject *address = PyObject_GetAttr(entry, str_storage);
     if (address == NULL) return NULL;
     PyObject *sid = PyDict_GetItemWithError(live, address);
     Py_DECREF(address);
-    if (sid == NULL) return PyErr_Occurred() ? NULL : PyObject_CallOneArg(first_sight, entry);
+    if (sid == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        PyObject *call[3] = {entry, fresh_stream, site};
+        return PyObject_Vectorcall(first_sight, call, 3, NULL);
+    }
     Py_INCREF(sid);
     if (PySet_GET_SIZE(sizeless) > 0) {
         int unsized = PySet_Contains(sizeless, sid);
@@ -72,18 +77,19 @@ static int access_one(PyObject *entry, PyObject *sid, PyObject *access, PyObject
 
 static PyObject *feed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 9 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PySet_Check(args[2])) {
+    if (nargs != 10 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PySet_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError,
-                        "feed(found: list, live: dict, sizeless: set, first_sight, sized, access, stream, op_name, site)");
+                        "feed(found: list, live: dict, sizeless: set, first_sight, sized, access, stream, fresh_stream, "
+                        "op_name, site)");
         return NULL;
     }
     PyObject *found = args[0], *live = args[1], *sizeless = args[2], *first_sight = args[3], *sized = args[4];
-    PyObject *access = args[5], *stream = args[6], *op_name = args[7], *site = args[8];
+    PyObject *access = args[5], *stream = args[6], *fresh_stream = args[7], *op_name = args[8], *site = args[9];
     PyObject *races = PyList_New(0);
     if (races == NULL) return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
         PyObject *entry = PyList_GET_ITEM(found, i);
-        PyObject *sid = storage_id(entry, live, sizeless, first_sight, sized);
+        PyObject *sid = storage_id(entry, live, sizeless, first_sight, sized, fresh_stream, site);
         int accessed = sid != NULL ? flag(entry, str_accessed) : -1;
         int failed = accessed < 0 || (accessed && access_one(entry, sid, access, stream, op_name, site, races) < 0);
         Py_XDECREF(sid);

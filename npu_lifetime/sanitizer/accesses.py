@@ -37,6 +37,7 @@ an op that both reads and writes a storage writes it.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
@@ -94,6 +95,7 @@ class Plan:
     training: Optional[tuple] = None  # (position, name) of a batch norm's training flag; when set:
     training_arguments: tuple = ()  # arguments' modes in training (a batch norm's running statistics)
     writes: bool = False  # some argument is written (``Tensor(a!)``): see written_storages
+    name: str = ""  # the op's schema name (reading it from the schema costs more than a lookup)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -117,7 +119,7 @@ _plans: dict = {}  # id(op) -> (op, plan): ops hash in Python, ids do not
 def plan(func) -> Plan:
     entry = _plans.get(id(func))
     if entry is None or entry[0] is not func:
-        entry = _plans[id(func)] = (func, _make_plan(func))
+        entry = _plans[id(func)] = (func, dataclasses.replace(_make_plan(func), name=func._schema.name))
     return entry[1]
 
 

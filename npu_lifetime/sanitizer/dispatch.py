@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
 from ..recording import watchers  # (the package defines the op npu_lifetime::record_use)
 from . import accesses, collectives, sites
-from .hub import OpFrame, pop_frame, push_frame
+from .hub import OpFrame, on_thread
 
 _lock = threading.Lock()
 _active: tuple = ()  # enabled sanitizers (replaced, never mutated)
@@ -108,16 +108,16 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         frame = OpFrame(sites.capture(_depth, skip=1))
         written_before = accesses.written_storages(plan, args, kwargs) if plan.writes else None
-        outer = push_frame(frame)
+        outer, on_thread.frame = on_thread.frame, frame
         try:
             outputs = func(*args, **kwargs)
             for backend in _op_hooked:
                 backend.inside_op(func, args)
         except BaseException:
-            pop_frame(outer)
+            on_thread.frame = outer
             _replay_held(frame)  # what the op did issue still happened
             raise
-        pop_frame(outer)
+        on_thread.frame = outer
         if frame.held or plan.collective or len(sanitizers) > 1:
             error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
         else:
@@ -154,11 +154,11 @@ def _resize(func, args, kwargs, sanitizers: tuple):
 
     for backend, (t, before) in growing.items():
         feed(backend, accesses.resize_accesses(t, before, write=False))
-    outer = push_frame(frame)
+    outer, on_thread.frame = on_thread.frame, frame
     try:
         outputs = func(*args, **kwargs)
     finally:
-        pop_frame(outer)
+        on_thread.frame = outer
         _replay_held(frame)
     for backend, (t, before) in growing.items():
         if t.untyped_storage().data_ptr() == before:
@@ -181,7 +181,7 @@ def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple, 
     """Replays the op into each sanitizer; returns the first error one of
     them wants raised (a data race under ``on_race="raise"``)."""
     error = None
-    op_name = func._schema.name
+    op_name = plan.name
     for backend in _backends:
         found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
         events = [(name, a) for hub, name, a in frame.held if hub is backend.hub] if frame.held else ()
@@ -210,7 +210,7 @@ def _feed_one(func, plan, args, kwargs, outputs, site, sanitizer, written_before
         return None
     current = backend.current_stream(_op_device(backend, found))
     try:
-        return sanitizer.apply_op((("accesses", (current, found, current)),), site, func._schema.name)
+        return sanitizer.apply_accesses(current, found, site, plan.name)
     except Exception as raised:  # a warning turned into an error
         return raised
 

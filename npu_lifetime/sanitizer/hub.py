@@ -25,7 +25,9 @@ class _OpOnThread(threading.local):
     frame: Optional["OpFrame"] = None  # a class default: a missing thread-local attribute costs an exception
 
 
-_tls = _OpOnThread()
+# ``on_thread.frame``: the op being dispatched on this thread, or None; set by the dispatch mode around
+# each op and read directly (not through a function: it is read several times per op)
+on_thread = _OpOnThread()
 
 
 class OpFrame:
@@ -37,20 +39,6 @@ class OpFrame:
     def __init__(self, site) -> None:
         self.site = site
         self.held: list = []  # (hub, name, args)
-
-
-def current_frame() -> Optional[OpFrame]:
-    return _tls.frame
-
-
-def push_frame(frame: OpFrame) -> Optional[OpFrame]:
-    outer = _tls.frame
-    _tls.frame = frame
-    return outer
-
-
-def pop_frame(outer: Optional[OpFrame]) -> None:
-    _tls.frame = outer
 
 
 class Hub:
@@ -74,7 +62,7 @@ class Hub:
         sinks = self.sinks
         if not sinks:
             return
-        frame = _tls.frame
+        frame = on_thread.frame
         if frame is not None and name in HELD:
             frame.held.append((self, name, args))
             return

@@ -15,6 +15,7 @@ import sys
 import threading
 import warnings
 import weakref
+from _thread import RLock, get_ident
 from typing import Optional
 
 import torch
@@ -23,7 +24,7 @@ from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
 from . import dispatch, native, report, sites
 from .backends import Backend, backend_for
-from .hub import current_frame
+from .hub import on_thread
 from .naming import Names
 from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
@@ -70,30 +71,29 @@ def _patch_threads() -> None:
     threading.Thread.start, threading.Thread.join = start_thread, join_thread
 
 
-class _HostLock:
+class _HostLock(RLock):
     """The sanitizer's lock (reentrant): entering it also tells the model
     which host thread issues what follows (each thread has its own host
     clock: a wait on one thread covers nothing another frees; a thread
-    started from C++ follows the Python threads, see ``_set_host``)."""
+    started from C++ follows the Python threads, see ``_set_host``).  It is
+    taken a few times per op: the C lock's ``__exit__`` is kept, and
+    ``_set_host`` is called only when the thread changed."""
 
-    __slots__ = ("_lock", "_sanitizer", "acquire", "release")
+    __slots__ = ("_sanitizer",)
 
     def __init__(self, sanitizer) -> None:
-        self._lock = threading.RLock()
         self._sanitizer = sanitizer
-        self.acquire, self.release = self._lock.acquire, self._lock.release
 
     def __enter__(self):
-        self._lock.acquire()
-        try:
-            self._sanitizer._set_host()
-        except BaseException:
-            self._lock.release()
-            raise
+        self.acquire()
+        sanitizer = self._sanitizer
+        if get_ident() != sanitizer._host:
+            try:
+                sanitizer._set_host()
+            except BaseException:
+                self.release()
+                raise
         return self
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
 
 
 class LifetimeSanitizer:
@@ -286,14 +286,20 @@ class LifetimeSanitizer:
             new = self._findings.add(races) if races else ()
         return self._announce_races(new) if new else None
 
+    def apply_accesses(self, stream: tuple, found: list, site, op_name: str) -> Optional[Exception]:
+        """``apply_op`` for the common op (no in-op event): its accesses on ``stream``."""
+        with self._lock:
+            races = self._accesses(stream, found, stream, op_name, site)
+            new = self._findings.add(races) if races else ()
+        return self._announce_races(new) if new else None
+
     def _accesses(self, stream: tuple, found: list, fresh_stream: tuple, op_name: str, site) -> list:
         model, storages = self.model, self.storages
         if not model.has_stream(stream):
             self._stream(stream)
         if native.feed is not None:  # the loop below, in C (_feed.c)
-            return native.feed.feed(found, storages.live, storages.sizeless,
-                                     lambda a: self._first_sight(a, fresh_stream, site), self._sized,
-                                     model.access, stream, op_name, site)
+            return native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, storages.sized,
+                                     model.access, stream, fresh_stream, op_name, site)
         live = storages.live
         races: list = []
         for a in found:
@@ -301,7 +307,7 @@ class LifetimeSanitizer:
             if sid is None:
                 sid = self._first_sight(a, fresh_stream, site)
             elif storages.sizeless:
-                storages.sized(sid, a.nbytes)
+                storages.sized(sid, a)
             if a.accessed:
                 r = model.access(sid, stream, a.is_write, op_name, site, tuple(a.names))
                 if r:
@@ -315,9 +321,6 @@ class LifetimeSanitizer:
         if a.fresh and self.backend.allocations_by_first_sight:
             return self.storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
         return self.storages.adopt(a.storage, a.nbytes, a.device_index, a.tensor)
-
-    def _sized(self, sid: int, a) -> None:
-        self.storages.sized(sid, a.nbytes)
 
     def lifetime_op(self, func, args: tuple, kwargs: dict) -> None:
         """``aten::record_stream`` and ``npu_lifetime::record_use`` seen by the
@@ -366,12 +369,11 @@ class LifetimeSanitizer:
 
     # -- host threads ---------------------------------------------------------------------------
     def _set_host(self) -> None:
-        """Called with the lock held: the model's host is the calling thread.
-        A thread seen for the first time starts with the clock its starter
-        had (``on_thread_start``); threads that ended are forgotten then."""
-        ident = threading.get_ident()
-        if ident == self._host:
-            return
+        """Called with the lock held when the calling thread is not the
+        model's host: it becomes the host.  A thread seen for the first time
+        starts with the clock its starter had (``on_thread_start``); threads
+        that ended are forgotten then."""
+        ident = get_ident()
         model = self.model
         thread = threading.current_thread()
         known = self._threads.get(ident)
@@ -463,7 +465,7 @@ class LifetimeSanitizer:
 
     def _sync_site(self):
         """Where the host waited (asked only when a latent free's reason needs it)."""
-        frame = current_frame()
+        frame = on_thread.frame
         return frame.site if frame is not None else sites.capture(self.stack_depth, skip=4)
 
     def on_wait_stream(self, waiter, waitee) -> None:
@@ -573,7 +575,7 @@ class LifetimeSanitizer:
         shim defers reuse for the uncovered ones).  ``sid``: only if that
         storage is still the one at ``address`` (a watched storage's death)."""
         if site is None:
-            frame = current_frame()
+            frame = on_thread.frame
             site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
         with self._lock:
             found = self.storages.free(address, site, sid)
@@ -584,7 +586,7 @@ class LifetimeSanitizer:
 
     def _site(self):
         """The current op's site when inside one, else a fresh capture."""
-        frame = current_frame()
+        frame = on_thread.frame
         return frame.site if frame is not None else sites.capture(self.stack_depth, skip=3)
 
     def _capture(self):

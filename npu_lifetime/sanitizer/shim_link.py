@@ -14,10 +14,7 @@ class ShimLink:
     def __init__(self, sanitizer) -> None:
         self.sanitizer = sanitizer
         self._subscription = None
-
-    @property
-    def connected(self) -> bool:
-        return self._subscription is not None
+        self.connected = False  # an attribute, not a property: read at every traced allocation and free
 
     def connect(self) -> bool:
         from ..shim.state import installed
@@ -38,6 +35,7 @@ class ShimLink:
                     sanitizer.allocator_holds(finding)  # the shim defers the reuse: it cannot race
 
         self._subscription = hooks.subscribe(on_alloc, on_free)
+        self.connected = True
         return True
 
     def disconnect(self) -> None:
@@ -46,3 +44,4 @@ class ShimLink:
 
             hooks.unsubscribe(self._subscription)
             self._subscription = None
+            self.connected = False

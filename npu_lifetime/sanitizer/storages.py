@@ -69,11 +69,14 @@ class StorageTable:
             self.backend.watch(tensor, self._on_free, sid)
         return sid
 
-    def sized(self, sid: int, nbytes: int) -> None:
-        """The size of a storage allocated with none (known at first sight)."""
-        if sid in self.sizeless and nbytes:
-            self.sizeless.discard(sid)
-            self.model.set_size(sid, nbytes)
+    def sized(self, sid: int, access) -> None:
+        """The size of a storage allocated with none, from an access to it
+        (a ``StorageAccess``: its size is read only if still unknown)."""
+        if sid in self.sizeless:
+            nbytes = access.nbytes
+            if nbytes:
+                self.sizeless.discard(sid)
+                self.model.set_size(sid, nbytes)
 
     def free(self, address: int, site, sid: Optional[int] = None) -> list:
         """The storage at ``address`` was freed; with ``sid``, only if that
