@@ -308,3 +308,90 @@ def test_block_records_match_the_snapshot(sim_shim):
     for r in records:
         assert r["size"] == blocks[r["address"]]["size"]
         assert r["segment"] <= r["address"] < r["segment"] + r["segment_size"]
+
+
+def _in_pool(shim, pool, size):
+    """torch.cuda.use_mem_pool(pool): `size` bytes allocated into it."""
+    shim.begin_allocate_to_pool(0, pool, 0)
+    try:
+        return shim.alloc(size, 0, S1)
+    finally:
+        shim.end_allocate_to_pool(0, pool)
+        shim.release_pool(0, pool)
+
+
+MB = 1 << 20
+
+
+def test_an_eager_allocation_about_to_fail_takes_a_use_on_oom_pools_cached_block(sim_shim):
+    """torch's test_mempool_limited_memory_with_allocator.  Before, the bridge
+    refused MemPool(use_on_oom=True).  As torch's: the eager request that
+    would run out of memory takes the cached block of the use_on_oom pool,
+    never of a plain pool; the block stays that pool's."""
+    plain, lender = (21, 0), (22, 0)
+    for pool in (plain, lender):
+        sim_shim.create_or_incref_pool(0, pool)  # torch.cuda.MemPool(...)
+    sim_shim.set_pool_use_on_oom(0, lender, True)
+    sim_shim.sim.set_memory_limit(88 * MB)
+    a, b = _in_pool(sim_shim, plain, 40 * MB), _in_pool(sim_shim, lender, 40 * MB)
+    assert a and b
+    assert sim_shim.alloc(40 * MB, 0, S1) == 0  # out of memory: both pools' blocks are live
+    sim_shim.free(a, 40 * MB, 0, S1)
+    sim_shim.free(b, 40 * MB, 0, S1)
+    c = sim_shim.alloc(30 * MB, 0, S1)
+    assert c == b, sim_shim.last_oom_message()  # the lender's block served it
+    assert sim_shim.alloc(30 * MB, 0, S1) == 0  # the plain pool never lends
+    assert set(sim_shim.pool_live_allocations(0, lender)) == {c}  # still the lender's
+    sim_shim.free(c, 30 * MB, 0, S1)
+    assert _in_pool(sim_shim, lender, 20 * MB) == c  # back in the lender, usable as before
+    check_invariants()
+
+
+def test_a_released_use_on_oom_pool_lends_nothing(sim_shim):
+    """torch's test_deleted_mempool_not_used_on_oom: ~MemPool turns
+    use_on_oom off and drops its reference; a pool gone never lends, a live
+    one still does."""
+    sim_shim.sim.set_memory_limit(48 * MB)
+    for i in range(10):
+        pool = (30 + i, 0)
+        sim_shim.create_or_incref_pool(0, pool)
+        sim_shim.set_pool_use_on_oom(0, pool, True)
+        sim_shim.free(_in_pool(sim_shim, pool, 40 * MB), 40 * MB, 0, S1)
+        sim_shim.set_pool_use_on_oom(0, pool, False)  # ~MemPool
+        sim_shim.release_pool(0, pool)
+        sim_shim.empty_pool_cache(0, pool)
+    live = (50, 0)
+    sim_shim.create_or_incref_pool(0, live)
+    sim_shim.set_pool_use_on_oom(0, live, True)
+    sim_shim.free(_in_pool(sim_shim, live, 40 * MB), 40 * MB, 0, S1)
+    b, c = sim_shim.alloc(20 * MB, 0, S1), sim_shim.alloc(20 * MB, 0, S1)
+    assert b and c, sim_shim.last_oom_message()
+    assert set(sim_shim.pool_live_allocations(0, live)) == {b, c}
+    sim_shim.free(b, 20 * MB, 0, S1)  # cached in the pool (its segment stays: c is live)
+    sim_shim.release_pool(0, live)  # the pool goes
+    assert sim_shim.alloc(20 * MB, 0, S1) == 0  # a pool without references lends nothing
+    check_invariants()
+
+
+def test_a_no_split_pool_keeps_one_block_per_segment(sim_shim):
+    """torch's test_mempool_no_split.  Before, the bridge refused
+    MemPool(no_split=True).  A split pool carves its second 4 MiB from the
+    first segment; a no_split pool opens a segment per allocation."""
+    split_pool, whole = (61, 0), (62, 0)
+    for pool in (split_pool, whole):
+        sim_shim.create_or_incref_pool(0, pool)
+    sim_shim.set_pool_no_split(0, whole)
+    for pool in (split_pool, whole):
+        assert _in_pool(sim_shim, pool, 4 * MB) and _in_pool(sim_shim, pool, 4 * MB)
+
+    def segments(pool):
+        out: dict = {}
+        for r in sim_shim.block_records():
+            if (r["pool_id0"], r["pool_id1"]) == pool:
+                out.setdefault(r["segment"], []).append(r)
+        return out
+
+    assert len(segments(split_pool)) == 1 and len(segments(split_pool)[next(iter(segments(split_pool)))]) == 3
+    assert len(segments(whole)) == 2
+    assert all(len(blocks) == 1 for blocks in segments(whole).values())
+    check_invariants()

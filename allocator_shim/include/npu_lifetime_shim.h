@@ -92,6 +92,13 @@ size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_
  * begins); and how many references it has (0: unknown or released). */
 void npl_create_or_incref_pool(int device, uint64_t id0, uint64_t id1);
 int npl_pool_use_count(int device, uint64_t id0, uint64_t id1);
+/* torch.cuda.MemPool(use_on_oom=True): an eager allocation about to run out
+ * of memory may take the pool's cached blocks (0 turns it off, as ~MemPool
+ * does); only while the pool has references. */
+void npl_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_oom);
+/* torch.cuda.MemPool(no_split=True): the pool never splits a block, so each
+ * of its segments holds one block. */
+void npl_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
 
 /* Every block of every segment, segments in address order and each
  * segment's blocks in address order: what torch's snapshot() and

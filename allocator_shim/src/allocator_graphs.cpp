@@ -56,6 +56,22 @@ void CachingAllocator::set_pool_allocator(int device, PoolId id, SegmentSource s
     graph_pools_.set_source(device, id, source);
 }
 
+void CachingAllocator::set_pool_use_on_oom(int device, PoolId id, bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    graph_pools_.set_use_on_oom(device, id, on);
+}
+
+// Pools already made for the id (one per stream and size class) stop
+// splitting too; a block split before stays split (torch marks a pool at its
+// creation, before any allocation).
+void CachingAllocator::set_pool_no_split(int device, PoolId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    graph_pools_.set_no_split(device, id);
+    for (auto& [key, p] : pools_) {
+        if (key.device == device && key.id == id) p.no_split = true;
+    }
+}
+
 int CachingAllocator::pool_use_count(int device, PoolId id) const {
     std::lock_guard<std::mutex> lock(mu_);
     return graph_pools_.use_count(device, id);

@@ -109,6 +109,7 @@ struct Pool {
     Stream stream = nullptr;
     bool small = false;
     PoolId id;
+    bool no_split = false;  // torch.cuda.MemPool(no_split=True): each block is its whole segment
     DeviceStats* stats = nullptr;  // its device's
     BlockSet blocks;
 };

@@ -126,6 +126,7 @@ std::string hex_address(const void* p) {
 }
 
 bool worth_splitting(const Block* b, size_t size) {
+    if (b->pool->no_split) return false;
     size_t rest = b->size - size;
     return b->small ? rest >= kRound : rest > kSmallLimit;
 }
@@ -367,6 +368,7 @@ Pool* CachingAllocator::pool(const PoolKey& key) {
         p.stream = key.stream;
         p.small = key.small;
         p.id = key.id;
+        p.no_split = !key.id.eager() && graph_pools_.no_split(key.device, key.id);
         p.stats = &dstats(key.device);
     }
     return &p;

@@ -71,6 +71,9 @@ class CachingAllocator {
     std::vector<void*> pool_live_allocations(int device, PoolId id) const;
     void create_or_incref_pool(int device, PoolId id);
     void set_pool_allocator(int device, PoolId id, SegmentSource source);
+    // torch.cuda.MemPool(use_on_oom=True / no_split=True); see graph_pools.h.
+    void set_pool_use_on_oom(int device, PoolId id, bool on);
+    void set_pool_no_split(int device, PoolId id);
     int pool_use_count(int device, PoolId id) const;
     // Every block, segments in address order (npl_block_records).
     std::vector<npl_block_record> block_records() const;
@@ -125,6 +128,7 @@ class CachingAllocator {
     Block* new_segment(Pool* pool, size_t size, Stream stream);
     Block* try_new_segment(Pool* pool, size_t size, Status* status, int* code);
     Block* out_of_memory_path(Pool* pool, size_t size, Stream stream, Status first, int code);
+    Block* take_from_use_on_oom_pools(const Pool* eager, size_t size, Stream stream);
     Status device_malloc(void** ptr, size_t bytes, int device, int* code);
     Status segment_malloc(const SegmentSource& source, void** ptr, size_t bytes, int device, Stream stream, int* code);
     Status segment_free(const Segment* seg, int* code);

@@ -217,6 +217,15 @@ NPL_EXPORT void npl_create_or_incref_pool(int device, uint64_t id0, uint64_t id1
     guarded_void("create_or_incref_pool", [&] { shim().allocator.create_or_incref_pool(device, pool_id(id0, id1)); });
 }
 
+NPL_EXPORT void npl_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_oom) {
+    guarded_void("set_pool_use_on_oom",
+                 [&] { shim().allocator.set_pool_use_on_oom(device, pool_id(id0, id1), use_on_oom != 0); });
+}
+
+NPL_EXPORT void npl_set_pool_no_split(int device, uint64_t id0, uint64_t id1) {
+    guarded_void("set_pool_no_split", [&] { shim().allocator.set_pool_no_split(device, pool_id(id0, id1)); });
+}
+
 NPL_EXPORT int npl_pool_use_count(int device, uint64_t id0, uint64_t id1) {
     return guarded("pool_use_count", 0, [&] { return shim().allocator.pool_use_count(device, pool_id(id0, id1)); });
 }

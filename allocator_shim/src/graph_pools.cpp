@@ -21,12 +21,39 @@ void GraphPools::incref(int device, PoolId id) {
 }
 
 void GraphPools::set_source(int device, PoolId id, SegmentSource source) {
-    Refs* r = refs(device, id);
-    if (r == nullptr) {
-        refs_.push_back(Refs{device, id, 0, source});
-    } else {
-        r->source = source;
+    refs_or_new(device, id).source = source;
+}
+
+void GraphPools::set_use_on_oom(int device, PoolId id, bool on) {
+    Refs& r = refs_or_new(device, id);
+    if (on && !r.use_on_oom) r.use_on_oom_order = ++marks_;
+    r.use_on_oom = on;
+}
+
+std::vector<PoolId> GraphPools::use_on_oom(int device) const {
+    std::vector<const Refs*> marked;
+    for (const Refs& r : refs_) {
+        if (r.device == device && r.use_on_oom && r.count > 0) marked.push_back(&r);
     }
+    std::sort(marked.begin(), marked.end(),
+              [](const Refs* a, const Refs* b) { return a->use_on_oom_order < b->use_on_oom_order; });
+    std::vector<PoolId> ids;
+    for (const Refs* r : marked) ids.push_back(r->id);
+    return ids;
+}
+
+void GraphPools::set_no_split(int device, PoolId id) { refs_or_new(device, id).no_split = true; }
+
+bool GraphPools::no_split(int device, PoolId id) const {
+    const Refs* r = refs(device, id);
+    return r != nullptr && r->no_split;
+}
+
+GraphPools::Refs& GraphPools::refs_or_new(int device, PoolId id) {
+    Refs* r = refs(device, id);
+    if (r != nullptr) return *r;
+    refs_.push_back(Refs{device, id, 0, {}});
+    return refs_.back();
 }
 
 SegmentSource GraphPools::source(int device, PoolId id) const {
@@ -87,6 +114,7 @@ const GraphPools::Refs* GraphPools::refs(int device, PoolId id) const {
 void GraphPools::clear() {
     captures_.clear();
     refs_.clear();
+    marks_ = 0;
 }
 
 }  // namespace npl

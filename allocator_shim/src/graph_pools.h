@@ -39,6 +39,14 @@ class GraphPools {
     // torch.cuda.MemPool(allocator): where the pool's segments come from.
     void set_source(int device, PoolId id, SegmentSource source);
     SegmentSource source(int device, PoolId id) const;  // the runtime's (empty) by default
+    // torch.cuda.MemPool(use_on_oom=True): an eager allocation about to fail
+    // may take the pool's cached blocks (torch's MemPool turns it off as it goes).
+    void set_use_on_oom(int device, PoolId id, bool on);
+    // Such pools of `device` still referenced, in the order they were marked.
+    std::vector<PoolId> use_on_oom(int device) const;
+    // torch.cuda.MemPool(no_split=True): the pool's segments are never split.
+    void set_no_split(int device, PoolId id);
+    bool no_split(int device, PoolId id) const;
 
     // The private pool an allocation on (device, stream) goes to, if a
     // capture on `device` claims the stream (which it then knows); else the
@@ -71,12 +79,17 @@ class GraphPools {
         PoolId id;
         int count;
         SegmentSource source;
+        bool use_on_oom = false;
+        bool no_split = false;
+        uint64_t use_on_oom_order = 0;  // when it was marked: torch tries such pools in that order
     };
     Refs* refs(int device, PoolId id);
     const Refs* refs(int device, PoolId id) const;
 
     std::vector<Capture> captures_;  // underway, in begin order
     std::vector<Refs> refs_;
+    uint64_t marks_ = 0;  // use_on_oom marks so far
+    Refs& refs_or_new(int device, PoolId id);
 };
 
 }  // namespace npl

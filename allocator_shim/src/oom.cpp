@@ -140,8 +140,22 @@ Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream,
         }
         if ((b = retry()) != nullptr) return b;
     }
+    if (p->id.eager() && (b = take_from_use_on_oom_pools(p, size, stream)) != nullptr) return b;
     st.count(CounterId::num_ooms);
     note_oom(device, size, segment_size_for(size, p->small), stream, code, frozen ? "during a graph capture" : "");
+    return nullptr;
+}
+
+// torch's last resort before an eager allocation fails: the cached blocks
+// (same stream and size class) of the device's MemPool(use_on_oom=True)
+// pools, first marked first.  The block stays its pool's: it goes back there
+// when freed.  No new segment is made for such a pool.
+Block* CachingAllocator::take_from_use_on_oom_pools(const Pool* eager, size_t size, Stream stream) {
+    for (PoolId id : graph_pools_.use_on_oom(eager->device)) {
+        auto found = pools_.find(PoolKey{eager->device, stream, eager->small, id});
+        if (found == pools_.end()) continue;
+        if (Block* b = take_cached(&found->second, size, stream)) return b;
+    }
     return nullptr;
 }
 

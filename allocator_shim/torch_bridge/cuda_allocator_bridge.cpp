@@ -74,6 +74,8 @@ struct Shim {
     double (*get_fraction)(int);
     void (*incref_pool)(int, uint64_t, uint64_t);
     int (*pool_use_count)(int, uint64_t, uint64_t);
+    void (*set_pool_use_on_oom)(int, uint64_t, uint64_t, int);
+    void (*set_pool_no_split)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
     void (*claim_next)(void*);
 };
@@ -110,6 +112,8 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_get_memory_fraction", &s->get_fraction, &missing);
     find(lib, "npl_create_or_incref_pool", &s->incref_pool, &missing);
     find(lib, "npl_pool_use_count", &s->pool_use_count, &missing);
+    find(lib, "npl_set_pool_use_on_oom", &s->set_pool_use_on_oom, &missing);
+    find(lib, "npl_set_pool_no_split", &s->set_pool_no_split, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
     find(lib, "npl_claim_next", &s->claim_next, &missing);
     dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
@@ -374,16 +378,14 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         shim_.set_pool_allocator(device, id.first, id.second, pool_segment_alloc, pool_segment_free, allocator.get());
     }
 
-    // MemPool(use_on_oom=True) lets other allocations take a pool's memory
-    // when the device is out of it; the shim keeps pools apart.  torch's
-    // MemPool turns it off again when it goes, which is what the shim does.
-    void setUseOnOOM(c10::DeviceIndex /*device*/, MempoolId_t /*id*/, bool use_on_oom) override {
-        TORCH_CHECK(!use_on_oom, "npu_lifetime: MemPool(use_on_oom=True) is not supported under the shim; "
-                    "its pools are never used for other allocations");
+    // MemPool(use_on_oom=True): an eager allocation about to fail may take
+    // the pool's cached blocks; torch's ~MemPool turns it off again.
+    void setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) override {
+        shim_.set_pool_use_on_oom(device, id.first, id.second, use_on_oom ? 1 : 0);
     }
 
-    void setNoSplit(c10::DeviceIndex /*device*/, MempoolId_t /*id*/) override {
-        TORCH_CHECK(false, "npu_lifetime: MemPool(no_split=True) is not supported under the shim");
+    void setNoSplit(c10::DeviceIndex device, MempoolId_t id) override {
+        shim_.set_pool_no_split(device, id.first, id.second);
     }
 
     int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override {
@@ -536,6 +538,13 @@ extern "C" __attribute__((visibility("default"))) const char* npl_cuda_install(c
         if (!last_error.empty()) return last_error.c_str();
         auto allocator = std::make_shared<ShimCudaAllocator>(shim, std::make_shared<History>());
         torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+        // torch's swap stores only CUDACachingAllocator::get(); the device
+        // allocator registry (c10::GetAllocator / getDeviceAllocator, read by
+        // torch.accelerator's statistics and by storages made through it)
+        // would still name torch's own allocator, unused and empty.  The
+        // registration torch makes at load has priority 0; so does this one.
+        // (npl_cuda_registered says whether it took.)
+        c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), 0);
         return nullptr;
     } catch (const std::exception& err) {
         last_error = err.what();
@@ -543,4 +552,16 @@ extern "C" __attribute__((visibility("default"))) const char* npl_cuda_install(c
         last_error = "unknown C++ exception";
     }
     return last_error.c_str();
+}
+
+// Whether torch's device allocator registry (c10::GetAllocator(kCUDA)) names
+// the installed bridge: 0 where a registration of higher priority holds it.
+extern "C" __attribute__((visibility("default"))) int npl_cuda_registered(void) {
+    try {
+        cca::CUDAAllocator* current = cca::get();
+        return current != nullptr && current->name() == "npu_lifetime" &&
+               c10::GetAllocator(c10::DeviceType::CUDA) == current;
+    } catch (...) {
+        return 0;
+    }
 }

@@ -217,6 +217,19 @@ def pool_use_count(device: int, pool: PoolId) -> int:
     return library().npl_pool_use_count(check.device(device), pool[0], pool[1])
 
 
+def set_pool_use_on_oom(device: int, pool: PoolId, use_on_oom: bool) -> None:
+    """torch.cuda.MemPool(use_on_oom=True): an eager allocation about to run
+    out of memory may take this pool's cached blocks (while it has references)."""
+    pool = check.pool(pool)
+    library().npl_set_pool_use_on_oom(check.device(device), pool[0], pool[1], int(bool(use_on_oom)))
+
+
+def set_pool_no_split(device: int, pool: PoolId) -> None:
+    """torch.cuda.MemPool(no_split=True): the pool never splits a block."""
+    pool = check.pool(pool)
+    library().npl_set_pool_no_split(check.device(device), pool[0], pool[1])
+
+
 class BlockRecord(ctypes.Structure):
     """``struct npl_block_record``: one block, as the CUDA bridge reads them."""
     _fields_ = [("segment", ctypes.c_void_p), ("segment_size", ctypes.c_uint64),

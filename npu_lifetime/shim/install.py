@@ -187,6 +187,11 @@ def _install_cuda_bridge(path) -> None:
     why = library.npl_cuda_install(str(library_path()).encode())
     if why is not None:
         raise RuntimeError(why.decode(errors="replace"))
+    library.npl_cuda_registered.restype = ctypes.c_int
+    if not library.npl_cuda_registered():
+        warnings.warn("npu_lifetime: the shim is torch's CUDA allocator, but c10::GetAllocator(kCUDA) is held by "
+                      "another registration of higher priority: torch.accelerator.memory_stats and other callers "
+                      "of that registry read that allocator, not the shim", RuntimeWarning, stacklevel=3)
 
 
 def _bridge():
