@@ -309,3 +309,12 @@ def test_jsonl_killed_lines(tmp_path):
     finally:
         sys.path.remove(str(RUNNER.parent))
     assert shim_plugin.finished_earlier(str(path)) == {"f.py::a", "f.py::b"}
+
+
+def test_each_allocators_run_builds_torch_extensions_in_a_folder_of_its_own(tmp_path):
+    """Side by side, torch's tests under both allocators built test_cuda.py's
+    dummy allocators into one cache folder; under torch's allocator two tests
+    then loaded the other run's build ("undefined symbol: called_dummy_alloc")."""
+    folders = {rs.environment(a, tmp_path, tmp_path / a, slow=False)["TORCH_EXTENSIONS_DIR"] for a in rs.ALLOCATORS}
+    assert len(folders) == len(rs.ALLOCATORS)
+    assert all(str(tmp_path) in f for f in folders)

@@ -313,6 +313,10 @@ def environment(allocator: str, upstream: Path, out: Path, slow: bool, site: boo
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["NPU_LIFETIME_UPSTREAM_ALLOCATOR"] = allocator
     env["NPU_LIFETIME_UPSTREAM_OUT"] = str(out)
+    # torch's tests build C++ extensions (test_cuda.py's dummy allocators) into one cache folder by
+    # name: two allocators side by side would load each other's half-built or differently built
+    # copies (seen: "undefined symbol: called_dummy_alloc" under torch's allocator only)
+    env["TORCH_EXTENSIONS_DIR"] = str(out / "torch_extensions")
     env.setdefault("PYTHONUNBUFFERED", "1")
     if slow:
         env["PYTORCH_TEST_WITH_SLOW"] = "1"
