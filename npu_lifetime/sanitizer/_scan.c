@@ -9,6 +9,7 @@
  * configure(StorageAccess, tensor_types, tensors_fn) once, then
  *   arguments(found, plan_arguments, args, tracked)   positional arguments
  *   value(found, value, is_write, name, fresh, tracked)
+ *   op(...)                                           all of op_accesses once its plan is chosen (below)
  * found: {address: StorageAccess}, filled in argument order.
  */
 #define PY_SSIZE_T_CLEAN
@@ -16,7 +17,7 @@
 
 static PyObject *storage_access_class, *tensor_types, *tensors_fn;
 static PyObject *str_untyped_storage, *str_data_ptr, *str_get_device, *str_fresh, *str_accessed, *str_is_write,
-    *str_names;
+    *str_names, *str_out, *str_storage;
 
 /* t.untyped_storage().data_ptr(); 0 with no error for a tensor without
  * storage (RuntimeError, NotImplementedError: sparse, meta...). */
@@ -195,10 +196,119 @@ static PyObject *value(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+
+/* The fresh outputs of an op, as accesses._outputs: (outputs,) for one
+ * return, else the items of a list or tuple (none otherwise).  A new
+ * reference to a tuple, or NULL. */
+static PyObject *outputs_of(Py_ssize_t count, PyObject *outputs) {
+    if (count == 1) return PyTuple_Pack(1, outputs);
+    if (PyList_Check(outputs) || PyTuple_Check(outputs)) return PySequence_Tuple(outputs);
+    return PyTuple_New(0);
+}
+
+/* op(arguments, by_name, fresh_returns, written, args, kwargs, outputs, tracked, written_before)
+ * -> [StorageAccess]: accesses.op_accesses after its plan is chosen, in one
+ * call (the same steps in the same order: positional arguments, keyword
+ * arguments, fresh outputs, then the written arguments the op moved).
+ *   arguments:      the plan's (position, name, mode) tuple
+ *   by_name:        {name: mode} for keyword arguments
+ *   fresh_returns:  per return, whether it is fresh
+ *   written:        whether fresh outputs are written (not an empty-like factory)
+ *   kwargs:         a dict (may be empty)
+ *   written_before: None or [(tensor, address before the op)] */
+static PyObject *op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ready()) return NULL;
+    if (nargs != 9 || !PyDict_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        (args[5] != Py_None && !PyDict_Check(args[5]))) {
+        PyErr_SetString(PyExc_TypeError, "op(arguments: tuple, by_name: dict, fresh_returns: tuple, written, args, "
+                                         "kwargs: dict or None, outputs, tracked, written_before)");
+        return NULL;
+    }
+    PyObject *by_name = args[1], *fresh_returns = args[2], *kwargs = args[5], *outputs = args[6];
+    PyObject *tracked = args[7], *written_before = args[8];
+    int written = PyObject_IsTrue(args[3]);
+    if (written < 0) return NULL;
+    PyObject *found = PyDict_New();
+    if (found == NULL) return NULL;
+    PyObject *positional[4] = {found, args[0], args[4], tracked};
+    PyObject *done = arguments(self, positional, 4);
+    if (done == NULL) goto fail;
+    Py_DECREF(done);
+    if (kwargs != Py_None && PyDict_GET_SIZE(kwargs) > 0) {
+        Py_ssize_t pos = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(kwargs, &pos, &name, &value)) {
+            PyObject *mode = PyDict_GetItemWithError(by_name, name); /* borrowed */
+            if (mode == NULL) {
+                if (PyErr_Occurred()) goto fail;
+                continue;
+            }
+            if (mode == Py_None) continue;
+            int is_write = PyObject_IsTrue(mode);
+            if (is_write < 0 || note_all(found, value, is_write, name, 0, tracked) < 0) goto fail;
+        }
+    }
+    Py_ssize_t returns = PyTuple_GET_SIZE(fresh_returns);
+    if (returns > 0) {
+        PyObject *values = outputs_of(returns, outputs);
+        if (values == NULL) goto fail;
+        int failed = 0;
+        Py_ssize_t n = PyTuple_GET_SIZE(values) < returns ? PyTuple_GET_SIZE(values) : returns;
+        for (Py_ssize_t i = 0; !failed && i < n; i++) {
+            int fresh = PyObject_IsTrue(PyTuple_GET_ITEM(fresh_returns, i));
+            failed = fresh < 0 ||
+                     (fresh && note_all(found, PyTuple_GET_ITEM(values, i), written, str_out, 1, tracked) < 0);
+        }
+        Py_DECREF(values);
+        if (failed) goto fail;
+    }
+    int moved_any = written_before == Py_None ? 0 : PyObject_IsTrue(written_before);
+    if (moved_any < 0) goto fail;
+    if (moved_any) {
+        PyObject *pairs = PySequence_Fast(written_before, "written_before is a list");
+        if (pairs == NULL) goto fail;
+        int failed = 0;
+        for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(pairs); i++) {
+            PyObject *pair = PySequence_Fast_GET_ITEM(pairs, i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_TypeError, "written_before holds (tensor, address) pairs");
+                failed = 1;
+                break;
+            }
+            uintptr_t address;
+            failed = storage_address(PyTuple_GET_ITEM(pair, 0), &address) < 0;
+            PyObject *key = failed ? NULL : PyLong_FromVoidPtr((void *)address);
+            if (key == NULL) {
+                failed = 1;
+                break;
+            }
+            PyObject *entry = PyDict_GetItemWithError(found, key); /* borrowed */
+            Py_DECREF(key);
+            if (entry == NULL) {
+                failed = PyErr_Occurred() != NULL;
+                continue;
+            }
+            PyObject *storage = PyObject_GetAttr(entry, str_storage);
+            int moved = storage == NULL ? -1 : PyObject_RichCompareBool(storage, PyTuple_GET_ITEM(pair, 1), Py_NE);
+            Py_XDECREF(storage);
+            failed = moved < 0 || (moved && set_flag(entry, str_fresh, 1) < 0);
+        }
+        Py_DECREF(pairs);
+        if (failed) goto fail;
+    }
+    PyObject *list = PyDict_Values(found);
+    Py_DECREF(found);
+    return list;
+fail:
+    Py_DECREF(found);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "Sets the classes the scan makes and reads."},
     {"arguments", (PyCFunction)(void (*)(void))arguments, METH_FASTCALL, "Notes an op's positional arguments."},
     {"value", (PyCFunction)(void (*)(void))value, METH_FASTCALL, "Notes one value (argument or output)."},
+    {"op", (PyCFunction)(void (*)(void))op, METH_FASTCALL, "An op's accesses (op_accesses after its plan)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -212,6 +322,9 @@ PyMODINIT_FUNC PyInit__scan(void) {
     str_accessed = PyUnicode_InternFromString("accessed");
     str_is_write = PyUnicode_InternFromString("is_write");
     str_names = PyUnicode_InternFromString("names");
+    str_out = PyUnicode_InternFromString("out");
+    str_storage = PyUnicode_InternFromString("storage");
+    if (!str_out || !str_storage) return NULL;
     if (!str_untyped_storage || !str_data_ptr || !str_get_device || !str_fresh || !str_accessed || !str_is_write ||
         !str_names)
         return NULL;

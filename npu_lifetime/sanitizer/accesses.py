@@ -207,6 +207,10 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
     arguments = p.arguments
     if p.training is not None and _in_training(p, args, kwargs):
         arguments = p.training_arguments
+    if _native_scan is _native_module:  # the whole scan below in one native call
+        return _native_op(arguments, p.by_name if arguments is p.arguments else
+                          {name: mode for _, name, mode in arguments}, p.fresh_returns, not p.allocates_only,
+                          args, kwargs, outputs, tracked, written_before)
     if _native_scan is not None:
         _native_scan.arguments(found, arguments, args, tracked)
         note_all = _native_scan.value
@@ -235,6 +239,9 @@ def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable
 
 
 _native_scan = native.scan  # the scan below in C (_scan.c), or None
+# op_accesses makes one native call while _native_scan is still this module (not replaced, not None)
+_native_module = _native_scan if _native_scan is not None else object()
+_native_op = _native_scan.op if _native_scan is not None else None
 if _native_scan is not None:
     _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value))
 

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
 from ..recording import watchers  # (the package defines the op npu_lifetime::record_use)
-from . import accesses, collectives, sites
+from . import accesses, collectives, native, sites
 from .hub import OpFrame, on_thread
 
 _lock = threading.Lock()
@@ -89,6 +89,10 @@ class _Mode(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self._lifetime = _lifetime_ops()
+        if _native_dispatch is not None:
+            # __torch_dispatch__ in C, bound to this mode: the body below, without torch's Dynamo-disabling
+            # wrapper unless Dynamo is active on the thread (_feed.c, dispatcher)
+            self.__torch_dispatch__ = _native_dispatch.dispatcher(self)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -120,11 +124,43 @@ class _Mode(TorchDispatchMode):
         on_thread.frame = outer
         if frame.held or plan.collective or len(sanitizers) > 1:
             error = _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
-        else:
-            error = _feed_one(func, plan, args, kwargs, outputs, frame.site, sanitizers[0], written_before)
+            if error is not None:
+                raise error
+            return outputs
+        # the common op (one sanitizer, no in-op event, no collective): its accesses on the current stream
+        sanitizer = sanitizers[0]
+        backend = sanitizer.backend
+        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
+        if not found:
+            return outputs
+        device = found[0].device_index
+        for a in found:
+            if a.device_index != device:
+                device = _op_device(backend, found)
+                break
+        current = backend.current_stream(device)
+        try:
+            error = sanitizer.apply_accesses(current, found, frame.site, plan.name)
+        except Exception as raised:  # a warning turned into an error
+            error = raised
         if error is not None:
             raise error
         return outputs
+
+
+def _native_dispatcher():
+    """_feed.c's dispatcher, configured with the body of ``_Mode.__torch_dispatch__``
+    and torch's wrapper of it; None without the native parts."""
+    if native.feed is None:
+        return None
+    from torch._C._dynamo.eval_frame import set_eval_frame
+
+    wrapped = _Mode.__dict__["__torch_dispatch__"]  # torch's Dynamo-disabled wrapper (TorchDispatchMode)
+    native.feed.configure_dispatch(getattr(wrapped, "__wrapped__", wrapped), wrapped, set_eval_frame)
+    return native.feed
+
+
+_native_dispatch = _native_dispatcher()
 
 
 def _resize(func, args, kwargs, sanitizers: tuple):
@@ -199,20 +235,6 @@ def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple, 
                 except Exception as raised:  # a warning turned into an error: the others still see the op
                     error = error or raised
     return error
-
-
-def _feed_one(func, plan, args, kwargs, outputs, site, sanitizer, written_before):
-    """``_feed`` in the common case (one sanitizer; the op issued no device
-    event and is no collective): the op's accesses on the current stream."""
-    backend = sanitizer.backend
-    found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
-    if not found:
-        return None
-    current = backend.current_stream(_op_device(backend, found))
-    try:
-        return sanitizer.apply_accesses(current, found, site, plan.name)
-    except Exception as raised:  # a warning turned into an error
-        return raised
 
 
 def _op_device(backend, found: list) -> int:

@@ -289,7 +289,13 @@ class LifetimeSanitizer:
     def apply_accesses(self, stream: tuple, found: list, site, op_name: str) -> Optional[Exception]:
         """``apply_op`` for the common op (no in-op event): its accesses on ``stream``."""
         with self._lock:
-            races = self._accesses(stream, found, stream, op_name, site)
+            model = self.model
+            if native.feed is not None and model.has_stream(stream):  # _accesses, inlined
+                storages = self.storages
+                races = native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, storages.sized,
+                                         model.access, stream, stream, op_name, site)
+            else:
+                races = self._accesses(stream, found, stream, op_name, site)
             new = self._findings.add(races) if races else ()
         return self._announce_races(new) if new else None
 

@@ -133,8 +133,9 @@ def mem_pool(allocator):
     del inside
     del pool  # releases the pool and empties its cache: only its own (torch's test_mempool_empty_cache)
     eager_segments = {seg["address"] for seg in torch.cuda.memory._snapshot()["segments"]}
-    try:
+    try:  # before: refused under the shim
         torch.cuda.MemPool(use_on_oom=True)
+        torch.cuda.MemPool(no_split=True)
         refused = False
     except RuntimeError:
         refused = True
@@ -184,6 +185,7 @@ def stats_and_fraction(allocator):
     tensor; a fraction set to 0 reads back 0 (torch's meaning: nothing may
     be reserved), 1 is the default."""
     info = setup(allocator)
+    torch.empty(1, device="cuda")  # torch's allocator reports nothing (initialized() false) before its first use
     before = torch.accelerator.memory_stats().get("active_bytes.all.current")
     t = torch.randn(256, device="cuda")
     after = torch.accelerator.memory_stats().get("active_bytes.all.current")
