@@ -395,3 +395,21 @@ def test_a_no_split_pool_keeps_one_block_per_segment(sim_shim):
     assert len(segments(whole)) == 2
     assert all(len(blocks) == 1 for blocks in segments(whole).values())
     check_invariants()
+
+
+def test_a_use_on_oom_pool_that_a_capture_allocates_into_lends_nothing(sim_shim):
+    """(review) torch's fallback opens each use_on_oom pool and refuses one
+    already open.  Before, the shim lent the pool's cached block to an eager
+    allocation while a capture on another stream allocated into the pool:
+    the block could go to both, and the graph's replays write it."""
+    lender = (71, 0)
+    sim_shim.create_or_incref_pool(0, lender)
+    sim_shim.set_pool_use_on_oom(0, lender, True)
+    sim_shim.sim.set_memory_limit(48 * MB)
+    cached = _in_pool(sim_shim, lender, 40 * MB)  # on S1
+    sim_shim.free(cached, 40 * MB, 0, S1)  # cached in the lender
+    begin(sim_shim, S2, lender)  # a capture on S2 allocates into the lender
+    assert sim_shim.alloc(30 * MB, 0, S1) == 0  # eager on S1, out of memory: the open pool does not lend
+    end(sim_shim, S2, lender)
+    assert sim_shim.alloc(30 * MB, 0, S1) == cached  # closed again: it lends
+    check_invariants()

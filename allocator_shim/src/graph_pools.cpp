@@ -25,15 +25,19 @@ void GraphPools::set_source(int device, PoolId id, SegmentSource source) {
 }
 
 void GraphPools::set_use_on_oom(int device, PoolId id, bool on) {
+    if (!on) {  // (~MemPool, after its release: no entry made for a pool already gone)
+        if (Refs* r = refs(device, id)) r->use_on_oom = false;
+        return;
+    }
     Refs& r = refs_or_new(device, id);
-    if (on && !r.use_on_oom) r.use_on_oom_order = ++marks_;
-    r.use_on_oom = on;
+    if (!r.use_on_oom) r.use_on_oom_order = ++marks_;
+    r.use_on_oom = true;
 }
 
 std::vector<PoolId> GraphPools::use_on_oom(int device) const {
     std::vector<const Refs*> marked;
     for (const Refs& r : refs_) {
-        if (r.device == device && r.use_on_oom && r.count > 0) marked.push_back(&r);
+        if (r.device == device && r.use_on_oom && r.count > 0 && !open(device, r.id)) marked.push_back(&r);
     }
     std::sort(marked.begin(), marked.end(),
               [](const Refs* a, const Refs* b) { return a->use_on_oom_order < b->use_on_oom_order; });
@@ -75,6 +79,11 @@ bool GraphPools::end(int device, PoolId id) {
 }
 
 bool GraphPools::known(int device, PoolId id) const { return refs(device, id) != nullptr; }
+
+bool GraphPools::open(int device, PoolId id) const {
+    return std::any_of(captures_.begin(), captures_.end(),
+                       [&](const Capture& c) { return c.device == device && c.id == id; });
+}
 
 bool GraphPools::release(int device, PoolId id) {
     Refs* r = refs(device, id);

@@ -42,8 +42,11 @@ class GraphPools {
     // torch.cuda.MemPool(use_on_oom=True): an eager allocation about to fail
     // may take the pool's cached blocks (torch's MemPool turns it off as it goes).
     void set_use_on_oom(int device, PoolId id, bool on);
-    // Such pools of `device` still referenced, in the order they were marked.
+    // Such pools of `device` still referenced and not open (a capture or
+    // use_mem_pool allocating into one keeps its blocks: torch refuses to
+    // lend it then), in the order they were marked.
     std::vector<PoolId> use_on_oom(int device) const;
+    bool open(int device, PoolId id) const;  // between a begin and its end
     // torch.cuda.MemPool(no_split=True): the pool's segments are never split.
     void set_no_split(int device, PoolId id);
     bool no_split(int device, PoolId id) const;
