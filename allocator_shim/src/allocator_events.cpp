@@ -84,13 +84,12 @@ void CachingAllocator::drop_fired_events_of_cached(int device) {
 // The cached blocks of graph pool `id` on `device` drop their fired events.
 void CachingAllocator::drop_fired_events_of_pool(int device, PoolId id) {
     std::vector<Block*> carrying;
-    for (auto& entry : pools_) {
-        const Pool& p = entry.second;
-        if (p.device != device || !(p.id == id)) continue;
+    pools_.for_each([&](const Pool& p) {
+        if (p.device != device || !(p.id == id)) return;
         for (Block* b = p.blocks.at_least(0); b != nullptr; b = p.blocks.after(b)) {
             if (!b->held.empty()) carrying.push_back(b);
         }
-    }
+    });
     for (Block* b : carrying) {
         pool_erase(b);  // its statistics change with its events
         drop_fired_events(b);

@@ -67,9 +67,9 @@ void CachingAllocator::set_pool_use_on_oom(int device, PoolId id, bool on) {
 void CachingAllocator::set_pool_no_split(int device, PoolId id) {
     std::lock_guard<std::mutex> lock(mu_);
     graph_pools_.set_no_split(device, id);
-    for (auto& [key, p] : pools_) {
-        if (key.device == device && key.id == id) p.no_split = true;
-    }
+    pools_.for_each([&](Pool& p) {
+        if (p.device == device && p.id == id) p.no_split = true;
+    });
 }
 
 int CachingAllocator::pool_use_count(int device, PoolId id) const {

@@ -157,7 +157,6 @@ void CachingAllocator::reset() {
     events_.clear([&](Event e, int device) { destroy_event(e, device); });
     for (Block* b : spare_blocks_) delete b;
     pools_.clear();
-    last_pool_ = nullptr;
     book_.clear();
     spare_blocks_.clear();
     stream_devices_.clear();

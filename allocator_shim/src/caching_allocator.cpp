@@ -11,7 +11,7 @@
 // streams, so a block handed out again on its stream is ordered after
 // everything that stream did before, and never between the eager pool and
 // a graph's private pool.  A pool's cached blocks sit in a BlockSet ordered
-// by (size, address); a cached block's size and address change only while
+// by (size, address) (pools.h owns the pools and states their invariants); a cached block's size and address change only while
 // it is out of the set, or as the newcomer in BlockSet::replace (the order
 // never sees a key change under it).
 //
@@ -359,19 +359,15 @@ void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stre
 }
 
 Pool* CachingAllocator::pool(const PoolKey& key) {
-    if (last_pool_ != nullptr && key == last_key_) return last_pool_;
-    Pool& p = pools_[key];
-    last_key_ = key;
-    last_pool_ = &p;
-    if (p.stats == nullptr) {  // new
-        p.device = key.device;
-        p.stream = key.stream;
-        p.small = key.small;
-        p.id = key.id;
-        p.no_split = !key.id.eager() && graph_pools_.no_split(key.device, key.id);
-        p.stats = &dstats(key.device);
-    }
-    return &p;
+    Pool* p = pools_.find(key);
+    return __builtin_expect(p != nullptr, 1) ? p : new_pool(key);
+}
+
+Pool* CachingAllocator::new_pool(const PoolKey& key) {
+    Pool* p = pools_.make(key);
+    p->no_split = !key.id.eager() && graph_pools_.no_split(key.device, key.id);
+    p->stats = &dstats(key.device);
+    return p;
 }
 
 void CachingAllocator::mark_live(Block* b, size_t requested) {

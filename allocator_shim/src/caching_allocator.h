@@ -19,6 +19,7 @@
 #include "event_queues.h"
 #include "findings.h"
 #include "graph_pools.h"
+#include "pools.h"
 #include "quarantine.h"
 #include "segments.h"
 #include "runtime.h"
@@ -121,7 +122,8 @@ class CachingAllocator {
     int device_of(Stream stream, int hint, int fallback);
 
     // allocation
-    Pool* pool(const PoolKey& key);
+    Pool* pool(const PoolKey& key);  // made on first use (new_pool)
+    Pool* new_pool(const PoolKey& key);
     Block* take_cached(Pool* pool, size_t size, Stream stream);
     void take(Block* b, size_t size);
     bool wait_for_held(Block* b, Stream stream);
@@ -193,9 +195,7 @@ class CachingAllocator {
     mutable std::mutex mu_;
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::lazy_wait;
-    std::unordered_map<PoolKey, Pool, PoolKeyHash> pools_;  // nodes are stable: blocks point into it
-    PoolKey last_key_{-1, nullptr, false, PoolId{}};  // the last pool looked up: most allocations repeat it
-    Pool* last_pool_ = nullptr;
+    Pools pools_;  // the free-block pools (pools.h)
     AddressBook book_;
     Segments segments_;  // by address, each tiled by its blocks
     EventQueues events_;  // idle events, record order, pending blocks' FIFOs, deferred frees

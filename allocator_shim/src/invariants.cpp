@@ -143,30 +143,17 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
         }
     });
 
-    // Pools: each set holds exactly its cached blocks, in best-fit order.
-    size_t cached_total = 0;
-    for (const auto& entry : pools_) {
-        const Pool& p = entry.second;
-        if (!(PoolKey{p.device, p.stream, p.small, p.id} == entry.first)) fail("a pool is filed under another key");
-        size_t n = 0;
-        const Block* last = nullptr;
-        for (const Block* b = p.blocks.at_least(0); b != nullptr; b = p.blocks.after(b)) {
-            n++;
-            if (b->pool != &p || b->state != BlockState::cached) fail(where(b) + " is in a pool it is not cached in");
-            if (last != nullptr && !(last->size < b->size || (last->size == b->size && last->ptr < b->ptr))) {
-                fail(where(b) + " is out of best-fit order in its pool");
-            }
-            last = b;
-        }
-        if (n != p.blocks.size()) fail("a pool's set size disagrees with its walk");
+    // Pools (pools.h states their invariants): each set holds exactly the
+    // blocks cached in it.
+    size_t cached_total = pools_.check(fail);
+    pools_.for_each([&](const Pool& p) {
         auto it = cached_in.find(&p);
-        if (n != (it == cached_in.end() ? 0 : it->second)) {
+        size_t n = p.blocks.size(), cached = it == cached_in.end() ? 0 : it->second;
+        if (n != cached) {
             fail("pool (device " + std::to_string(p.device) + ", stream " + hex(p.stream) + ") holds " +
-                 std::to_string(n) + " blocks, " + std::to_string(it == cached_in.end() ? 0 : it->second) +
-                 " are cached in it");
+                 std::to_string(n) + " blocks, " + std::to_string(cached) + " are cached in it");
         }
-        cached_total += n;
-    }
+    });
     size_t cached_blocks = 0;
     for (const auto& entry : cached_in) cached_blocks += entry.second;
     if (cached_total != cached_blocks) fail("cached blocks outside any pool's set");

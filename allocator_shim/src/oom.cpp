@@ -152,9 +152,9 @@ Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream,
 // when freed.  No new segment is made for such a pool.
 Block* CachingAllocator::take_from_use_on_oom_pools(const Pool* eager, size_t size, Stream stream) {
     for (PoolId id : graph_pools_.use_on_oom(eager->device)) {
-        auto found = pools_.find(PoolKey{eager->device, stream, eager->small, id});
-        if (found == pools_.end()) continue;
-        if (Block* b = take_cached(&found->second, size, stream)) return b;
+        Pool* lender = pools_.find(PoolKey{eager->device, stream, eager->small, id});
+        if (lender == nullptr) continue;
+        if (Block* b = take_cached(lender, size, stream)) return b;
     }
     return nullptr;
 }
