@@ -85,3 +85,20 @@ def test_a_phase_names_the_site_without_a_walk(walk):
     with sites.phase("after the script ended"):
         site = sites.capture(8)
     assert site.frames == () and "after the script ended" in site.innermost()
+
+
+def test_a_thread_without_user_frames_says_so(walk):
+    """A capture on a thread that runs no user code (its only frames are
+    the standard library's and code compiled from a string) has no frame and
+    names the thread, whichever walk took it."""
+    import threading
+
+    namespace = {"sites": sites}
+    exec(compile("def take(out):\n    out.append(sites.capture(8, skip=1))\n", "<string>", "exec"), namespace)
+    out: list = []
+    thread = threading.Thread(target=namespace["take"], args=(out,), name="engine")
+    thread.start()
+    thread.join()
+    (site,) = out
+    assert site.frames == () and site.user_frames() == []
+    assert site.innermost() == "<no user frame: on thread 'engine', which runs no user code (e.g. autograd's engine)>"

@@ -19,9 +19,44 @@
 
 static PyObject *str_storage, *str_accessed, *str_is_write, *str_names;
 
+/* _scan.c's AccessBase (accesses.StorageAccess's base), whose slots are read
+ * directly once configure_access(AccessBase) was called: the same layout
+ * as _scan.c's AccessObject (configure_access checks the size). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *storage, *is_write, *tensor, *names, *device_index, *fresh, *accessed;
+} AccessObject;
+
+static PyTypeObject *access_type;
+
+static PyObject *configure_access(PyObject *self, PyObject *type) {
+    (void)self;
+    if (!PyType_Check(type) || ((PyTypeObject *)type)->tp_basicsize != (Py_ssize_t)sizeof(AccessObject)) {
+        PyErr_SetString(PyExc_TypeError, "configure_access(_scan.AccessBase)");
+        return NULL;
+    }
+    Py_XSETREF(access_type, (PyTypeObject *)Py_NewRef(type));
+    Py_RETURN_NONE;
+}
+
+/* entry.<name>: a new reference, or NULL with an error; an AccessBase
+ * entry's slot is read directly. */
+static PyObject *attribute(PyObject *entry, PyObject *name) {
+    if (access_type != NULL && PyObject_TypeCheck(entry, access_type)) {
+        AccessObject *a = (AccessObject *)entry;
+        PyObject *value = name == str_storage    ? a->storage
+                          : name == str_accessed ? a->accessed
+                          : name == str_is_write ? a->is_write
+                          : name == str_names    ? a->names
+                                                 : NULL;
+        if (value != NULL) return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(entry, name);
+}
+
 /* entry.<name> as a truth value; -1 on error. */
 static int flag(PyObject *entry, PyObject *name) {
-    PyObject *value = PyObject_GetAttr(entry, name);
+    PyObject *value = attribute(entry, name);
     if (value == NULL) return -1;
     int truth = PyObject_IsTrue(value);
     Py_DECREF(value);
@@ -32,7 +67,7 @@ static int flag(PyObject *entry, PyObject *name) {
  * site); sized(sid, entry) when it has no size yet.  A new reference, or NULL. */
 static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless, PyObject *first_sight,
                             PyObject *sized, PyObject *fresh_stream, PyObject *site) {
-    PyObject *address = PyObject_GetAttr(entry, str_storage);
+    PyObject *address = attribute(entry, str_storage);
     if (address == NULL) return NULL;
     PyObject *sid = PyDict_GetItemWithError(live, address);
     Py_DECREF(address);
@@ -59,7 +94,7 @@ static int access_one(PyObject *entry, PyObject *sid, PyObject *access, PyObject
                       PyObject *site, PyObject *races) {
     int is_write = flag(entry, str_is_write);
     if (is_write < 0) return -1;
-    PyObject *names = PyObject_GetAttr(entry, str_names);
+    PyObject *names = attribute(entry, str_names);
     if (names == NULL) return -1;
     PyObject *names_tuple = PySequence_Tuple(names);
     Py_DECREF(names);
@@ -132,7 +167,9 @@ static PyObject *dispatch(PyObject *mode, PyObject *const *args, size_t nargsf, 
     if (call == NULL) return PyErr_NoMemory();
     call[0] = mode;
     for (Py_ssize_t i = 0; i < total; i++) call[i + 1] = args[i];
+    Py_INCREF(target); /* a configure_dispatch() during the call must not free it under us */
     PyObject *result = PyObject_Vectorcall(target, call, nargs + 1, kwnames);
+    Py_DECREF(target);
     if (call != small) PyMem_Free(call);
     return result;
 }
@@ -166,6 +203,7 @@ static PyMethodDef methods[] = {
     {"configure_dispatch", (PyCFunction)(void (*)(void))configure_dispatch, METH_FASTCALL,
      "Sets the dispatch mode's body, its Dynamo-disabled wrapper and torch's set_eval_frame."},
     {"dispatcher", dispatcher, METH_O, "The mode's __torch_dispatch__, bound to it."},
+    {"configure_access", configure_access, METH_O, "Sets _scan.AccessBase, whose slots feed reads directly."},
     {NULL, NULL, 0, NULL},
 };
 

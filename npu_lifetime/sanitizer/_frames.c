@@ -1,16 +1,118 @@
 /* The sanitizer's stack capture, native: one walk of the calling thread's
- * frames per op, keeping (code object, instruction offset) pairs.  Line
- * numbers are worked out only when a finding is reported (lineno below);
- * reading a frame's f_lineno from Python costs about as much as the op.
+ * frames per op, keeping (code object, instruction offset) pairs, and the
+ * site object (sites.Site) made here.  Line numbers are worked out only when
+ * a finding is reported (lineno below); reading a frame's f_lineno from
+ * Python costs about as much as the op.
  *
  * Mirrors sites.capture's Python walk (the fallback when this module is not
  * built) exactly: the same kinds, the same stopping rules.  No torch.
+ *
+ * Each code object's kind (sites._classify of its file) is worked out once
+ * and kept on the code object itself, in a co_extra slot of this module's
+ * (no dict lookup, no key object per frame).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
+
+#if PY_VERSION_HEX >= 0x030C0000
+#define REQUEST_CODE_EXTRA_INDEX PyUnstable_Eval_RequestCodeExtraIndex
+#define CODE_GET_EXTRA PyUnstable_Code_GetExtra
+#define CODE_SET_EXTRA PyUnstable_Code_SetExtra
+#else
+#define REQUEST_CODE_EXTRA_INDEX _PyEval_RequestCodeExtraIndex
+#define CODE_GET_EXTRA _PyCode_GetExtra
+#define CODE_SET_EXTRA _PyCode_SetExtra
+#endif
 
 enum { KIND_USER = 0, KIND_PASS = 1, KIND_RUNNER = 2, KIND_LIBRARY = 3 };
+enum { WALK_LIMIT = 256 }; /* the most frames configure accepts as max_walk */
+
+/* sites.Site's base: its five slots, so that a capture makes the site here
+ * without running Site.__init__. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *raw_frames, *raw_library, *context, *frames, *library;
+} SiteObject;
+
+static int site_traverse(SiteObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->raw_frames);
+    Py_VISIT(self->raw_library);
+    Py_VISIT(self->context);
+    Py_VISIT(self->frames);
+    Py_VISIT(self->library);
+    return 0;
+}
+
+static int site_clear(SiteObject *self) {
+    Py_CLEAR(self->raw_frames);
+    Py_CLEAR(self->raw_library);
+    Py_CLEAR(self->context);
+    Py_CLEAR(self->frames);
+    Py_CLEAR(self->library);
+    return 0;
+}
+
+static void site_dealloc(SiteObject *self) {
+    PyObject_GC_UnTrack(self);
+    site_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef site_members[] = {
+    {"raw_frames", T_OBJECT_EX, offsetof(SiteObject, raw_frames), 0, NULL},
+    {"raw_library", T_OBJECT_EX, offsetof(SiteObject, raw_library), 0, NULL},
+    {"context", T_OBJECT_EX, offsetof(SiteObject, context), 0, NULL},
+    {"_frames", T_OBJECT_EX, offsetof(SiteObject, frames), 0, NULL},
+    {"_library", T_OBJECT_EX, offsetof(SiteObject, library), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SiteBase = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npu_lifetime.sanitizer._frames.SiteBase",
+    .tp_basicsize = sizeof(SiteObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "sites.Site's slots.",
+    .tp_traverse = (traverseproc)site_traverse,
+    .tp_clear = (inquiry)site_clear,
+    .tp_dealloc = (destructor)site_dealloc,
+    .tp_members = site_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* configure(site_class, classify, frameless, phase, max_walk, library_max):
+ *   site_class: sites.Site (a subclass of SiteBase)
+ *   classify:   sites._classify(filename) -> kind
+ *   frameless:  sites._frameless_site(library pairs) -> Site, for a capture with no user frame
+ *   phase:      sites._phase (its .text, when set, is the site's context and no walk is made) */
+static PyTypeObject *site_class;
+static PyObject *classify_fn, *frameless_fn, *phase_obj, *str_text, *str_empty_context, *empty_tuple;
+static Py_ssize_t code_extra_index = -1;
+static long max_walk_cfg, library_max_cfg;
+
+static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SiteBase)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(site_class: a SiteBase subclass, classify, frameless, phase, max_walk, library_max)");
+        return NULL;
+    }
+    long max_walk = PyLong_AsLong(args[4]), library_max = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (max_walk < 0 || max_walk > WALK_LIMIT || library_max < 0 || library_max > WALK_LIMIT) {
+        PyErr_SetString(PyExc_ValueError, "max_walk and library_max must be within 0..256");
+        return NULL;
+    }
+    Py_XSETREF(site_class, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(classify_fn, Py_NewRef(args[1]));
+    Py_XSETREF(frameless_fn, Py_NewRef(args[2]));
+    Py_XSETREF(phase_obj, Py_NewRef(args[3]));
+    max_walk_cfg = max_walk;
+    library_max_cfg = library_max;
+    Py_RETURN_NONE;
+}
 
 /* The frame's last instruction as a byte offset into its code. */
 static int frame_lasti(PyFrameObject *frame) {
@@ -21,53 +123,76 @@ static int frame_lasti(PyFrameObject *frame) {
 #endif
 }
 
-/* The kind of a code object, from kind_of: {id(code): (kind, code)} (keyed by
- * address: hashing a code object hashes its bytecode and constants; the
- * value holds the code, so its address is not reused), classifying the code's
- * file with classify(filename) the first time. */
-static int code_kind(PyObject *kind_of, PyObject *classify, PyCodeObject *code) {
-    PyObject *key = PyLong_FromVoidPtr(code);
-    if (key == NULL) return -1;
-    PyObject *entry = PyDict_GetItemWithError(kind_of, key);
-    long value = -1;
-    if (entry != NULL && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2) {
-        value = PyLong_AsLong(PyTuple_GET_ITEM(entry, 0));
-    } else if (!PyErr_Occurred()) {
-        PyObject *kind = PyObject_CallOneArg(classify, code->co_filename);
-        if (kind != NULL) {
-            entry = PyTuple_Pack(2, kind, (PyObject *)code);
-            if (entry != NULL && PyDict_SetItem(kind_of, key, entry) == 0) value = PyLong_AsLong(kind);
-            Py_XDECREF(entry);
-            Py_DECREF(kind);
-        }
+/* The kind of a code object: kept in its co_extra slot (kind + 1) once
+ * classify(filename) said it. */
+static int code_kind(PyCodeObject *code) {
+    void *extra = NULL;
+    if (CODE_GET_EXTRA((PyObject *)code, code_extra_index, &extra) < 0) return -1;
+    if (extra != NULL) return (int)((uintptr_t)extra - 1);
+    PyObject *kind = PyObject_CallOneArg(classify_fn, code->co_filename);
+    if (kind == NULL) return -1;
+    long value = PyLong_AsLong(kind);
+    Py_DECREF(kind);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    if (value < KIND_USER || value > KIND_LIBRARY) {
+        PyErr_Format(PyExc_ValueError, "classify returned %ld, not a kind", value);
+        return -1;
     }
-    Py_DECREF(key);
-    return PyErr_Occurred() ? -1 : (int)value;
+    if (CODE_SET_EXTRA((PyObject *)code, code_extra_index, (void *)(uintptr_t)(value + 1)) < 0) return -1;
+    return (int)value;
 }
 
-static int append_pair(PyObject *list, PyCodeObject *code, int lasti) {
-    PyObject *pair = Py_BuildValue("(Oi)", (PyObject *)code, lasti);
-    if (pair == NULL) return -1;
-    int failed = PyList_Append(list, pair);
-    Py_DECREF(pair);
-    return failed;
+/* ((code, lasti), ...) from n codes (references stolen, also on failure) and offsets. */
+static PyObject *pairs(PyCodeObject **codes, int *lasti, Py_ssize_t n) {
+    PyObject *tuple = PyTuple_New(n);
+    Py_ssize_t i = 0;
+    for (; tuple != NULL && i < n; i++) {
+        PyObject *offset = PyLong_FromLong(lasti[i]);
+        PyObject *pair = offset != NULL ? PyTuple_New(2) : NULL;
+        if (pair == NULL) {
+            Py_XDECREF(offset);
+            Py_CLEAR(tuple);
+            break;
+        }
+        PyTuple_SET_ITEM(pair, 0, (PyObject *)codes[i]); /* stolen */
+        PyTuple_SET_ITEM(pair, 1, offset);
+        PyTuple_SET_ITEM(tuple, i, pair);
+    }
+    for (; i < n; i++) Py_DECREF(codes[i]); /* not handed to the tuple */
+    return tuple;
 }
 
-/* capture(kind_of, classify, depth, skip, max_walk, library_max)
- *   -> (user frames, library frames), each a tuple of (code, lasti),
- * innermost first; skip counts frames above the caller of capture. */
+/* capture(depth, skip) -> sites.Site: the innermost depth user frames above
+ * the caller's skip-th frame (skip counts frames above the caller of
+ * capture), and the library frames below them; sites.capture's rules. */
 static PyObject *capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6 || !PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "capture(kind_of: dict, classify, depth, skip, max_walk, library_max)");
+    if (site_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_frames.configure() was not called");
         return NULL;
     }
-    PyObject *kind_of = args[0], *classify = args[1];
-    long depth = PyLong_AsLong(args[2]), skip = PyLong_AsLong(args[3]);
-    long max_walk = PyLong_AsLong(args[4]), library_max = PyLong_AsLong(args[5]);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "capture(depth, skip)");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[0]), skip = PyLong_AsLong(args[1]);
     if (PyErr_Occurred()) return NULL;
-    PyObject *frames = PyList_New(0), *library = PyList_New(0);
-    if (frames == NULL || library == NULL) goto fail;
+    if (depth <= 0) Py_RETURN_NONE;
+    PyObject *text = PyObject_GetAttr(phase_obj, str_text);
+    if (text == NULL) return NULL;
+    int in_phase = PyObject_IsTrue(text);
+    if (in_phase != 0) { /* a runner's own step (its garbage collection): the frames above are not the program's */
+        PyObject *site = in_phase > 0 ? PyObject_CallFunctionObjArgs((PyObject *)site_class, empty_tuple,
+                                                                     empty_tuple, text, NULL)
+                                      : NULL;
+        Py_DECREF(text);
+        return site;
+    }
+    Py_DECREF(text);
+    PyCodeObject *user[WALK_LIMIT], *library[WALK_LIMIT];
+    int user_lasti[WALK_LIMIT], library_lasti[WALK_LIMIT];
+    Py_ssize_t n_user = 0, n_library = 0;
+    int failed = 0;
     PyFrameObject *frame = PyEval_GetFrame(); /* borrowed: capture's caller */
     Py_XINCREF(frame);
     for (long i = 0; i < skip && frame != NULL; i++) {
@@ -75,38 +200,57 @@ static PyObject *capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_DECREF(frame);
         frame = back;
     }
-    for (long walked = 0; frame != NULL && walked < max_walk; walked++) {
-        PyCodeObject *code = PyFrame_GetCode(frame);
-        int kind = code_kind(kind_of, classify, code);
-        int stop = 0, failed = kind < 0;
+    for (long walked = 0; frame != NULL && walked < max_walk_cfg; walked++) {
+        PyCodeObject *code = PyFrame_GetCode(frame); /* a new reference */
+        int kind = code_kind(code);
+        int stop = 0, kept = 0;
+        failed = kind < 0;
         if (!failed && kind == KIND_USER) {
-            failed = append_pair(frames, code, frame_lasti(frame));
-            stop = PyList_GET_SIZE(frames) == depth;
+            user[n_user] = code;
+            user_lasti[n_user++] = frame_lasti(frame);
+            kept = 1;
+            stop = n_user == depth;
         } else if (!failed && kind == KIND_LIBRARY) {
-            if (PyList_GET_SIZE(frames) == 0 && PyList_GET_SIZE(library) < library_max)
-                failed = append_pair(library, code, frame_lasti(frame));
-        } else if (!failed && kind == KIND_RUNNER && PyList_GET_SIZE(frames) > 0) {
+            if (n_user == 0 && n_library < library_max_cfg) {
+                library[n_library] = code;
+                library_lasti[n_library++] = frame_lasti(frame);
+                kept = 1;
+            }
+        } else if (!failed && kind == KIND_RUNNER && n_user > 0) {
             stop = 1;
         }
-        Py_DECREF(code);
-        if (failed || stop) {
-            Py_DECREF(frame);
-            frame = NULL;
-            if (failed) goto fail;
-            break;
-        }
+        if (!kept) Py_DECREF(code);
+        if (failed || stop) break;
         PyFrameObject *back = PyFrame_GetBack(frame);
         Py_DECREF(frame);
         frame = back;
     }
     Py_XDECREF(frame);
-    PyObject *result = Py_BuildValue("(NN)", PyList_AsTuple(frames), PyList_AsTuple(library));
-    Py_DECREF(frames);
-    Py_DECREF(library);
-    return result;
+    if (failed) {
+        for (Py_ssize_t i = 0; i < n_user; i++) Py_DECREF(user[i]);
+        for (Py_ssize_t i = 0; i < n_library; i++) Py_DECREF(library[i]);
+        return NULL;
+    }
+    PyObject *frames_tuple = pairs(user, user_lasti, n_user);
+    PyObject *library_tuple = pairs(library, library_lasti, n_library);
+    if (frames_tuple == NULL || library_tuple == NULL) goto fail;
+    if (n_user == 0) {
+        Py_DECREF(frames_tuple);
+        PyObject *site = PyObject_CallOneArg(frameless_fn, library_tuple);
+        Py_DECREF(library_tuple);
+        return site;
+    }
+    SiteObject *site = (SiteObject *)site_class->tp_alloc(site_class, 0);
+    if (site == NULL) goto fail;
+    site->raw_frames = frames_tuple; /* the references move to the site */
+    site->raw_library = library_tuple;
+    site->context = Py_NewRef(str_empty_context);
+    site->frames = Py_NewRef(Py_None);
+    site->library = Py_NewRef(Py_None);
+    return (PyObject *)site;
 fail:
-    Py_XDECREF(frames);
-    Py_XDECREF(library);
+    Py_XDECREF(frames_tuple);
+    Py_XDECREF(library_tuple);
     return NULL;
 }
 
@@ -123,11 +267,30 @@ static PyObject *lineno(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef methods[] = {
-    {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL, "Walks the stack: (user, library) frames."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "Sets what a capture makes and calls."},
+    {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL, "Walks the stack: a sites.Site."},
     {"lineno", (PyCFunction)(void (*)(void))lineno, METH_FASTCALL, "The line of (code, byte offset)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__frames(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__frames(void) {
+    str_text = PyUnicode_InternFromString("text");
+    str_empty_context = PyUnicode_FromString("");
+    empty_tuple = PyTuple_New(0);
+    if (str_text == NULL || str_empty_context == NULL || empty_tuple == NULL) return NULL;
+    code_extra_index = REQUEST_CODE_EXTRA_INDEX(NULL);
+    if (code_extra_index < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "no co_extra index left for the site capture");
+        return NULL;
+    }
+    if (PyType_Ready(&SiteBase) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "SiteBase", (PyObject *)&SiteBase) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -14,8 +14,70 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+
+/* accesses.StorageAccess's base: its slots, so that the scan makes and
+ * updates entries here without running StorageAccess.__init__ or looking
+ * attributes up.  (_feed.c reads the same layout: keep the two in step.) */
+typedef struct {
+    PyObject_HEAD
+    PyObject *storage, *is_write, *tensor, *names, *device_index, *fresh, *accessed;
+} AccessObject;
+
+static int access_traverse(AccessObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->storage);
+    Py_VISIT(self->is_write);
+    Py_VISIT(self->tensor);
+    Py_VISIT(self->names);
+    Py_VISIT(self->device_index);
+    Py_VISIT(self->fresh);
+    Py_VISIT(self->accessed);
+    return 0;
+}
+
+static int access_clear(AccessObject *self) {
+    Py_CLEAR(self->storage);
+    Py_CLEAR(self->is_write);
+    Py_CLEAR(self->tensor);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->device_index);
+    Py_CLEAR(self->fresh);
+    Py_CLEAR(self->accessed);
+    return 0;
+}
+
+static void access_dealloc(AccessObject *self) {
+    PyObject_GC_UnTrack(self);
+    access_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef access_members[] = {
+    {"storage", T_OBJECT_EX, offsetof(AccessObject, storage), 0, NULL},
+    {"is_write", T_OBJECT_EX, offsetof(AccessObject, is_write), 0, NULL},
+    {"tensor", T_OBJECT_EX, offsetof(AccessObject, tensor), 0, NULL},
+    {"names", T_OBJECT_EX, offsetof(AccessObject, names), 0, NULL},
+    {"device_index", T_OBJECT_EX, offsetof(AccessObject, device_index), 0, NULL},
+    {"fresh", T_OBJECT_EX, offsetof(AccessObject, fresh), 0, NULL},
+    {"accessed", T_OBJECT_EX, offsetof(AccessObject, accessed), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject AccessBase = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npu_lifetime.sanitizer._scan.AccessBase",
+    .tp_basicsize = sizeof(AccessObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "accesses.StorageAccess's slots.",
+    .tp_traverse = (traverseproc)access_traverse,
+    .tp_clear = (inquiry)access_clear,
+    .tp_dealloc = (destructor)access_dealloc,
+    .tp_members = access_members,
+    .tp_new = PyType_GenericNew,
+};
 
 static PyObject *storage_access_class, *tensor_types, *tensors_fn;
+static int access_class_native; /* storage_access_class is a subclass of AccessBase */
 static PyObject *str_untyped_storage, *str_data_ptr, *str_get_device, *str_fresh, *str_accessed, *str_is_write,
     *str_names, *str_out, *str_storage;
 
@@ -38,12 +100,39 @@ static int storage_address(PyObject *t, uintptr_t *out) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* The slot of an AccessBase entry that holds the attribute name, or NULL
+ * (not one of ours: the attribute is looked up). */
+static PyObject **slot_of(PyObject *entry, PyObject *name) {
+    if (!PyObject_TypeCheck(entry, &AccessBase)) return NULL;
+    AccessObject *a = (AccessObject *)entry;
+    if (name == str_fresh) return &a->fresh;
+    if (name == str_accessed) return &a->accessed;
+    if (name == str_is_write) return &a->is_write;
+    if (name == str_names) return &a->names;
+    if (name == str_storage) return &a->storage;
+    return NULL;
+}
+
 static int set_flag(PyObject *entry, PyObject *name, int value) {
-    return PyObject_SetAttr(entry, name, value ? Py_True : Py_False);
+    PyObject **slot = slot_of(entry, name);
+    if (slot == NULL) return PyObject_SetAttr(entry, name, value ? Py_True : Py_False);
+    Py_XSETREF(*slot, Py_NewRef(value ? Py_True : Py_False));
+    return 0;
+}
+
+/* entry.<name>: a new reference, or NULL with an AttributeError. */
+static PyObject *get_attr(PyObject *entry, PyObject *name) {
+    PyObject **slot = slot_of(entry, name);
+    if (slot == NULL) return PyObject_GetAttr(entry, name);
+    if (*slot == NULL) {
+        PyErr_SetObject(PyExc_AttributeError, name);
+        return NULL;
+    }
+    return Py_NewRef(*slot);
 }
 
 static int get_flag(PyObject *entry, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(entry, name);
+    PyObject *v = get_attr(entry, name);
     if (v == NULL) return -1;
     int truth = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -71,9 +160,31 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
         long index = PyLong_AsLong(device);
         Py_DECREF(device);
         if (index == -1 && PyErr_Occurred()) goto fail;
-        entry = PyObject_CallFunction(storage_access_class, "OOlOO", key, t, index > 0 ? index : 0L,
-                                      fresh ? Py_True : Py_False, (!fresh || is_write) ? Py_True : Py_False);
-        if (entry == NULL) goto fail;
+        if (access_class_native) { /* StorageAccess.__init__, here */
+            PyObject *names = PyList_New(0);
+            PyObject *device_index = names != NULL ? PyLong_FromLong(index > 0 ? index : 0L) : NULL;
+            AccessObject *made = device_index != NULL
+                                     ? (AccessObject *)((PyTypeObject *)storage_access_class)
+                                           ->tp_alloc((PyTypeObject *)storage_access_class, 0)
+                                     : NULL;
+            if (made == NULL) {
+                Py_XDECREF(names);
+                Py_XDECREF(device_index);
+                goto fail;
+            }
+            made->storage = Py_NewRef(key);
+            made->is_write = Py_NewRef(Py_False);
+            made->tensor = Py_NewRef(t);
+            made->names = names;
+            made->device_index = device_index;
+            made->fresh = Py_NewRef(fresh ? Py_True : Py_False);
+            made->accessed = Py_NewRef((!fresh || is_write) ? Py_True : Py_False);
+            entry = (PyObject *)made;
+        } else {
+            entry = PyObject_CallFunction(storage_access_class, "OOlOO", key, t, index > 0 ? index : 0L,
+                                          fresh ? Py_True : Py_False, (!fresh || is_write) ? Py_True : Py_False);
+            if (entry == NULL) goto fail;
+        }
         failed = PyDict_SetItem(found, key, entry);
         Py_DECREF(entry); /* found holds it */
         if (failed) goto fail;
@@ -90,7 +201,7 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
             goto fail;
     }
     if (is_write && set_flag(entry, str_is_write, 1) < 0) goto fail;
-    PyObject *names = PyObject_GetAttr(entry, str_names);
+    PyObject *names = get_attr(entry, str_names);
     if (names == NULL) goto fail;
     failed = PyList_Append(names, name);
     Py_DECREF(names);
@@ -150,6 +261,7 @@ static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Py_XSETREF(storage_access_class, Py_NewRef(args[0]));
+    access_class_native = PyType_Check(args[0]) && PyType_IsSubtype((PyTypeObject *)args[0], &AccessBase);
     Py_XSETREF(tensor_types, Py_NewRef(args[1]));
     Py_XSETREF(tensors_fn, Py_NewRef(args[2]));
     Py_RETURN_NONE;
@@ -288,7 +400,7 @@ static PyObject *op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 failed = PyErr_Occurred() != NULL;
                 continue;
             }
-            PyObject *storage = PyObject_GetAttr(entry, str_storage);
+            PyObject *storage = get_attr(entry, str_storage);
             int moved = storage == NULL ? -1 : PyObject_RichCompareBool(storage, PyTuple_GET_ITEM(pair, 1), Py_NE);
             Py_XDECREF(storage);
             failed = moved < 0 || (moved && set_flag(entry, str_fresh, 1) < 0);
@@ -328,5 +440,12 @@ PyMODINIT_FUNC PyInit__scan(void) {
     if (!str_untyped_storage || !str_data_ptr || !str_get_device || !str_fresh || !str_accessed || !str_is_write ||
         !str_names)
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&AccessBase) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "AccessBase", (PyObject *)&AccessBase) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

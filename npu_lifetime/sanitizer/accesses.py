@@ -62,10 +62,15 @@ _TRAINING_FLAGS = ("training", "use_input_stats")
 _READ, _WRITE, _SKIP = False, True, None
 
 
-class StorageAccess:
+# the native scan makes entries itself: StorageAccess's slots are then its C base's (_scan.c)
+_AccessBase = native.scan.AccessBase if native.scan is not None else object
+
+
+class StorageAccess(_AccessBase):
     """One storage an op touched (or, for an ``empty``-like factory, made)."""
 
-    __slots__ = ("storage", "is_write", "tensor", "names", "device_index", "fresh", "accessed")
+    __slots__ = () if _AccessBase is not object else (
+        "storage", "is_write", "tensor", "names", "device_index", "fresh", "accessed")
 
     def __init__(self, storage: int, tensor: torch.Tensor, device_index: int, fresh: bool, accessed: bool) -> None:
         self.storage = storage  # the storage's base address
@@ -244,6 +249,8 @@ _native_module = _native_scan if _native_scan is not None else object()
 _native_op = _native_scan.op if _native_scan is not None else None
 if _native_scan is not None:
     _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value))
+    if native.feed is not None:  # the feed reads StorageAccess's slots directly
+        native.feed.configure_access(_native_scan.AccessBase)
 
 
 def _note_all(found: dict, value, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:

@@ -110,7 +110,8 @@ class _Mode(TorchDispatchMode):
             if plan.resizes:
                 return _resize(func, args, kwargs, sanitizers)
             return func(*args, **kwargs)
-        frame = OpFrame(sites.capture(_depth, skip=1))
+        walk = sites._native_frames  # None: the Python walk (sites.capture)
+        frame = OpFrame(walk.capture(_depth, 0) if walk is not None else sites.capture(_depth, skip=1))
         written_before = accesses.written_storages(plan, args, kwargs) if plan.writes else None
         outer, on_thread.frame = on_thread.frame, frame
         try:

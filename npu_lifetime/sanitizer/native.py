@@ -1,9 +1,11 @@
 """The sanitizer's native parts, each an optional C extension with a Python
 equivalent that stays the fallback and the reference it is tested against:
 
-- ``frames`` (_frames.c): the stack walk of a site capture (``sites.py``);
+- ``frames`` (_frames.c): the stack walk of a site capture, and the site
+  it makes (``sites.py``; ``Site``'s slots are then its C base's);
 - ``scan`` (_scan.c): which storages an op's tensor arguments touch
-  (``accesses.py``);
+  (``accesses.py``; ``StorageAccess``'s slots are then its C base's, which
+  ``feed`` reads directly);
 - ``feed`` (_feed.c): an op's accesses into the model (``sanitizer.py``);
 - the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
 

@@ -110,13 +110,17 @@ def _frameless_context(library: tuple) -> str:
     return where
 
 
-class Site:
+# the native capture makes sites itself: Site's slots are then its C base's
+_SiteBase = _native_frames.SiteBase if _native_frames is not None else object
+
+
+class Site(_SiteBase):
     """The user frames (innermost first) above the point of capture, and the
     innermost library (torch) frames below them.  Captured as (code,
     instruction offset) pairs; ``frames`` and ``library`` give (code, line)
     pairs, worked out on first use."""
 
-    __slots__ = ("raw_frames", "raw_library", "context", "_frames", "_library")
+    __slots__ = () if _SiteBase is not object else ("raw_frames", "raw_library", "context", "_frames", "_library")
 
     def __init__(self, frames: tuple, library: tuple = (), context: str = "", offsets: bool = False) -> None:
         # offsets: the pairs hold instruction offsets (a capture); else line numbers
@@ -203,7 +207,9 @@ def key(site) -> object:
     return site
 
 
-_kind_of: dict = {}  # id(code) -> (_USER, _PASS, _RUNNER or _LIBRARY, code): code objects hash slowly
+# the Python walk's: id(code) -> (_USER, _PASS, _RUNNER or _LIBRARY, code): code objects hash slowly
+# (the native walk keeps a code object's kind on the code object)
+_kind_of: dict = {}
 _MAX_WALK = 128  # frames looked at, at most
 
 
@@ -211,19 +217,28 @@ def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
     """The innermost ``depth`` user frames above the caller's ``skip``-th
     frame, up to the code that runs the user's; and the library frames
     between the capture and the first user frame (at most 8)."""
+    if _native_frames is not None:  # all of the below in C (_frames.c), the site included
+        return _native_frames.capture(depth, skip)
     if depth <= 0:
         return None
     phase_text = _phase.text
     if phase_text:  # a runner's own step (its garbage collection): the frames above are not the program's
         return Site((), (), phase_text)
-    if _native_frames is not None:
-        frames, library = _native_frames.capture(_kind_of, _classify, depth, skip, _MAX_WALK, _LIBRARY_FRAMES)
-    else:
-        frames, library = _walk(sys._getframe(skip), depth)
+    frames, library = _walk(sys._getframe(skip), depth)
     if not frames:
-        library_lines = _with_lines(library)
-        return Site((), library_lines, _frameless_context(library_lines))
+        return _frameless_site(library)
     return Site(frames, library, offsets=True)
+
+
+def _frameless_site(library: tuple) -> Site:
+    """The site of a capture that found no user frame (``library``: the
+    library frames' (code, instruction offset) pairs)."""
+    library_lines = _with_lines(library)
+    return Site((), library_lines, _frameless_context(library_lines))
+
+
+if _native_frames is not None:
+    _native_frames.configure(Site, _classify, _frameless_site, _phase, _MAX_WALK, _LIBRARY_FRAMES)
 
 
 def _walk(frame, depth: int) -> tuple:
