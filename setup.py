@@ -34,9 +34,11 @@ OPTIONAL_EXTENSIONS = [
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's scan of an op's tensor arguments (npu_lifetime/sanitizer/accesses.py)
     Extension("npu_lifetime.sanitizer._scan", sources=["npu_lifetime/sanitizer/_scan.c"],
+              depends=["npu_lifetime/sanitizer/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's feed of an op's accesses into the model (npu_lifetime/sanitizer/sanitizer.py)
     Extension("npu_lifetime.sanitizer._feed", sources=["npu_lifetime/sanitizer/_feed.c"],
+              depends=["npu_lifetime/sanitizer/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the lifetime model in C++ (npu_lifetime/lifetime/model.py stays the reference)
     Extension("npu_lifetime.lifetime._native_model", sources=["npu_lifetime/lifetime/native_model.cpp"],

@@ -19,13 +19,10 @@
 
 static PyObject *str_storage, *str_accessed, *str_is_write, *str_names;
 
-/* _scan.c's AccessBase (accesses.StorageAccess's base), whose slots are read
- * directly once configure_access(AccessBase) was called: the same layout
- * as _scan.c's AccessObject (configure_access checks the size). */
-typedef struct {
-    PyObject_HEAD
-    PyObject *storage, *is_write, *tensor, *names, *device_index, *fresh, *accessed;
-} AccessObject;
+/* _scan.c's AccessBase (accesses.StorageAccess's base), whose slots
+ * (access_object.h) are read directly once configure_access(AccessBase) was
+ * called (it checks the type's size). */
+#include "access_object.h"
 
 static PyTypeObject *access_type;
 

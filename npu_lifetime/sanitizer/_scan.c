@@ -16,13 +16,10 @@
 #include <Python.h>
 #include <structmember.h>
 
-/* accesses.StorageAccess's base: its slots, so that the scan makes and
- * updates entries here without running StorageAccess.__init__ or looking
- * attributes up.  (_feed.c reads the same layout: keep the two in step.) */
-typedef struct {
-    PyObject_HEAD
-    PyObject *storage, *is_write, *tensor, *names, *device_index, *fresh, *accessed;
-} AccessObject;
+/* accesses.StorageAccess's base: its slots (access_object.h), so that the
+ * scan makes and updates entries here without running StorageAccess.__init__
+ * or looking attributes up. */
+#include "access_object.h"
 
 static int access_traverse(AccessObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->storage);
