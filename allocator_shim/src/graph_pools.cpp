@@ -11,14 +11,7 @@ void GraphPools::begin(int device, PoolId id, StreamFilter filter, Stream stream
     incref(device, id);
 }
 
-void GraphPools::incref(int device, PoolId id) {
-    Refs* r = refs(device, id);
-    if (r == nullptr) {
-        refs_.push_back(Refs{device, id, 1, {}});
-    } else {
-        r->count++;
-    }
-}
+void GraphPools::incref(int device, PoolId id) { refs_or_new(device, id).count++; }
 
 void GraphPools::set_source(int device, PoolId id, SegmentSource source) {
     refs_or_new(device, id).source = source;
