@@ -141,3 +141,28 @@ def test_fire_does_not_raise_into_torch():
     finally:
         sys.unraisablehook = hook
     assert len(seen) == 1 and str(seen[0]) == "boom"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA allocation trace needs a GPU")
+def test_on_cuda_the_sanitizer_and_another_trace_subscriber_both_see_an_allocation():
+    """Fire replaced torch's fire_callbacks: a subscriber registered after
+    ours (CSAN's, here a counter) still gets every allocation and free."""
+    from torch.cuda import _gpu_trace
+
+    san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
+    with san:
+        assert isinstance(_gpu_trace.MemoryAllocationCallbacks.fire_callbacks, native.trace_hook.Fire)
+        t = torch.empty(1 << 20, device="cuda")
+        assert san.storages.get(t.untyped_storage().data_ptr()) is not None  # ours, the one subscriber
+        seen = []
+        _gpu_trace.register_callback_for_memory_allocation(lambda ptr: seen.append(("alloc", ptr)))
+        _gpu_trace.register_callback_for_memory_deallocation(lambda ptr: seen.append(("free", ptr)))
+        try:
+            u = torch.empty(1 << 20, device="cuda")
+            address = u.untyped_storage().data_ptr()
+            assert san.storages.get(address) is not None and ("alloc", address) in seen
+            del u
+            assert san.storages.get(address) is None and ("free", address) in seen
+        finally:
+            _gpu_trace.MemoryAllocationCallbacks.callback_list.pop()
+            _gpu_trace.MemoryDeallocationCallbacks.callback_list.pop()
