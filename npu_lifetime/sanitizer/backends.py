@@ -127,7 +127,8 @@ class _TraceBackend(Backend):
     def _shortcut(registry, subscriber) -> None:
         """The registry's ``fire_callbacks`` (looked up by torch at each
         trace) calls ``subscriber`` straight away while it is the only one
-        (_trace_hook.Fire; other subscribers, CSAN's, still get theirs in
+        (_trace_hook.Fire: no Python frame of torch's loop per allocation,
+        free or event; other subscribers, CSAN's, still get theirs in
         order)."""
         fire = registry.fire_callbacks
         if native.trace_hook is not None and isinstance(getattr(registry, "callback_list", None), list) \
@@ -190,8 +191,10 @@ class CudaBackend(_TraceBackend):
             registered[kind] = cb
 
         self._register_trace(register)
-        self._shortcut(_gpu_trace.MemoryAllocationCallbacks, registered["memory_allocation"])
-        self._shortcut(_gpu_trace.MemoryDeallocationCallbacks, registered["memory_deallocation"])
+        for kind, subscriber in registered.items():  # event_record -> EventRecordCallbacks
+            registry = getattr(_gpu_trace, "".join(w.capitalize() for w in kind.split("_")) + "Callbacks", None)
+            if registry is not None:
+                self._shortcut(registry, subscriber)
         self._patch_queries(torch.cuda.Event, torch.cuda.Stream, lambda e: e.cuda_event)
 
     def current_device(self) -> int:

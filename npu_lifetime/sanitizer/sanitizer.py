@@ -146,7 +146,8 @@ class LifetimeSanitizer:
         self.names = Names(self.backend)
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
-        self._lock = _HostLock(self)  # the model's lock; entering it names the calling thread as the host
+        # the model's lock; entering it names the calling thread as the host (_host_lock.c: _HostLock in C)
+        self._lock = native.host_lock.HostLock(RLock(), self) if native.host_lock is not None else _HostLock(self)
         self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
         self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
