@@ -40,6 +40,15 @@ OPTIONAL_EXTENSIONS = [
     Extension("npu_lifetime.sanitizer._feed", sources=["npu_lifetime/sanitizer/_feed.c"],
               depends=["npu_lifetime/sanitizer/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the sanitizer's allocations and frees into its storage table and model (npu_lifetime/sanitizer/storages.py)
+    Extension("npu_lifetime.sanitizer._storage_feed", sources=["npu_lifetime/sanitizer/_storage_feed.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the device allocation trace's delivery to the sanitizers (npu_lifetime/sanitizer/backends.py)
+    Extension("npu_lifetime.sanitizer._trace_hook", sources=["npu_lifetime/sanitizer/_trace_hook.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/sanitizer.py, _HostLock)
+    Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_host_lock.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the lifetime model in C++ (npu_lifetime/lifetime/model.py stays the reference)
     Extension("npu_lifetime.lifetime._native_model", sources=["npu_lifetime/lifetime/native_model.cpp"],
               language="c++",

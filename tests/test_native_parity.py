@@ -61,6 +61,9 @@ def run_program(steps) -> list:
 
 def _python_only(monkeypatch) -> None:
     monkeypatch.setattr(native, "feed", None)
+    monkeypatch.setattr(native, "storage_feed", None)
+    monkeypatch.setattr(native, "trace_hook", None)
+    monkeypatch.setattr(native, "host_lock", None)
     monkeypatch.setattr(accesses, "_native_scan", None)
     monkeypatch.setattr(sites, "_native_frames", None)
     monkeypatch.setattr(native, "ENABLED", False)  # model_class(): model.py's
@@ -70,7 +73,8 @@ def _python_only(monkeypatch) -> None:
 @given(STEPS)
 def test_random_programs_get_the_same_findings_both_ways(steps):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert native.in_use() == {"frames": True, "scan": True, "feed": True, "model": True}
+        assert native.in_use() == {"frames": True, "scan": True, "feed": True, "storage_feed": True,
+                                   "trace_hook": True, "host_lock": True, "model": True}
         with_native = run_program(steps)
         _python_only(monkeypatch)
         assert native.model_class() is lifetime.LifetimeModel

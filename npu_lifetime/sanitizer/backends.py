@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import simdevice
+from . import native
 from ..recording import watchers
 from .hub import Hub
 
@@ -98,13 +99,41 @@ class _TraceBackend(Backend):
         register("event_deletion", lambda e: event("on_event_deleted", e))
         register("event_record", lambda e, s: event("on_event_record", e, self._key(s)))
         register("event_wait", lambda e, s: event("on_event_wait", e, self._key(s)))
-        allocated, freed = self.hub.direct("on_trace_alloc"), self.hub.direct("on_trace_free")
-        register("memory_allocation", lambda ptr: allocated(ptr, self.current_device()))
+        allocated, freed = self._memory_subscribers()
+        register("memory_allocation", allocated)
         register("memory_deallocation", freed)
         register("stream_creation", lambda s: event("on_stream_created", self._key(s)))
         register("device_synchronization", lambda: event("on_device_sync", self.current_device()))
         register("stream_synchronization", lambda s: event("on_stream_sync", self._key(s)))
         register("event_synchronization", lambda e: event("on_event_sync", e))
+
+    def _memory_subscribers(self) -> tuple:
+        """The allocation and free subscribers, called on every allocation
+        and free: _trace_hook.c's, each one C call to the sanitizers'
+        storage feeds, where it was built; else the hub's Python delivery."""
+        if native.trace_hook is None:
+            allocated, freed = self.hub.direct("on_trace_alloc"), self.hub.direct("on_trace_free")
+            return (lambda ptr: allocated(ptr, self.current_device())), freed
+        device, raw_stream = self._raw_stream_calls()
+        return (native.trace_hook.Deliver(self.hub, False, device, raw_stream),
+                native.trace_hook.Deliver(self.hub, True, device, raw_stream))
+
+    def _raw_stream_calls(self) -> tuple:
+        """``(current device index (), current stream's raw handle (device))``,
+        as C functions: called from C at every allocation."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _shortcut(registry, subscriber) -> None:
+        """The registry's ``fire_callbacks`` (looked up by torch at each
+        trace) calls ``subscriber`` straight away while it is the only one
+        (_trace_hook.Fire: no Python frame of torch's loop per allocation,
+        free or event; other subscribers, CSAN's, still get theirs in
+        order)."""
+        fire = registry.fire_callbacks
+        if native.trace_hook is not None and isinstance(getattr(registry, "callback_list", None), list) \
+                and not isinstance(fire, native.trace_hook.Fire):
+            registry.fire_callbacks = native.trace_hook.Fire(registry.callback_list, subscriber, fire)
 
     def _patch_queries(self, event_class, stream_class, event_handle: Callable) -> None:
         """A query that returned True is a host synchronisation the trace
@@ -155,11 +184,24 @@ class CudaBackend(_TraceBackend):
         from torch.cuda import _gpu_trace
 
         torch._C._activate_gpu_trace()
-        self._register_trace(lambda kind, cb: getattr(_gpu_trace, f"register_callback_for_{kind}")(cb))
+        registered: dict = {}
+
+        def register(kind: str, cb: Callable) -> None:
+            getattr(_gpu_trace, f"register_callback_for_{kind}")(cb)
+            registered[kind] = cb
+
+        self._register_trace(register)
+        for kind, subscriber in registered.items():  # event_record -> EventRecordCallbacks
+            registry = getattr(_gpu_trace, "".join(w.capitalize() for w in kind.split("_")) + "Callbacks", None)
+            if registry is not None:
+                self._shortcut(registry, subscriber)
         self._patch_queries(torch.cuda.Event, torch.cuda.Stream, lambda e: e.cuda_event)
 
     def current_device(self) -> int:
         return torch._C._cuda_getDevice()  # torch.cuda.current_device() without its Python layers
+
+    def _raw_stream_calls(self) -> tuple:
+        return torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
 
     def current_stream(self, device_index: int) -> tuple:
         return (device_index, torch._C._cuda_getCurrentRawStream(device_index))
@@ -238,6 +280,11 @@ class NpuBackend(_TraceBackend):
         import torch_npu
 
         return torch_npu._C._npu_getDeviceWithoutSet()
+
+    def _raw_stream_calls(self) -> tuple:
+        import torch_npu
+
+        return torch_npu._C._npu_getDeviceWithoutSet, torch_npu._C._npu_getCurrentRawStreamNoWait
 
     def current_stream(self, device_index: int) -> tuple:
         import torch_npu

@@ -7,6 +7,12 @@ equivalent that stays the fallback and the reference it is tested against:
   (``accesses.py``; ``StorageAccess``'s slots are then its C base's, which
   ``feed`` reads directly);
 - ``feed`` (_feed.c): an op's accesses into the model (``sanitizer.py``);
+- ``storage_feed`` (_storage_feed.c): an allocation or free into the
+  storage table and the model (``sanitizer.py``, ``storages.py``);
+- ``host_lock`` (_host_lock.c): the sanitizer's lock (``sanitizer.py``,
+  ``_HostLock``);
+- ``trace_hook`` (_trace_hook.c): the device allocation trace's delivery to
+  the sanitizers (``backends.py``, ``hub.py``);
 - the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
 
 Each is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns all of
@@ -33,6 +39,9 @@ def _load(name: str):
 frames = _load("_frames")
 scan = _load("_scan")
 feed = _load("_feed")
+storage_feed = _load("_storage_feed")
+trace_hook = _load("_trace_hook")
+host_lock = _load("_host_lock")
 
 
 def model_class() -> type:
@@ -51,4 +60,6 @@ def model_class() -> type:
 def in_use() -> dict:
     """Which native parts this process uses (for benchmarks and reports)."""
     return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None,
+            "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
+            "host_lock": host_lock is not None,
             "model": model_class().__module__.endswith("_native_model")}

@@ -146,11 +146,31 @@ class LifetimeSanitizer:
         self.names = Names(self.backend)
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
-        self._lock = _HostLock(self)  # the model's lock; entering it names the calling thread as the host
+        # the model's lock; entering it names the calling thread as the host (_host_lock.c: _HostLock in C)
+        self._lock = native.host_lock.HostLock(RLock(), self) if native.host_lock is not None else _HostLock(self)
         self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
         self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
         self._shim = ShimLink(self)
+        self._storage_feed = self._native_storage_feed()
+        if self._storage_feed is not None:  # the trace's allocations and frees in one C call each
+            self._trace_alloc, self._trace_free = self._storage_feed.trace_alloc, self._storage_feed.trace_free
+
+    def _native_storage_feed(self):
+        """_storage_feed.c's StorageFeed over this sanitizer's storage table
+        and model (``on_shim_alloc``, ``_free``, ``_trace_alloc``,
+        ``_trace_free`` in C); None where it was not built."""
+        if native.storage_feed is None:
+            return None
+        from functools import partial
+
+        storages, model = self.storages, self.model
+        walk = sites._native_frames  # skip counts from the innermost Python frame, the program's here
+        capture = partial(walk.capture, self.stack_depth, 0) if walk is not None \
+            else partial(sites.capture, self.stack_depth, 1)
+        return native.storage_feed.StorageFeed(
+            self, self._lock, self._shim, storages.live, storages.sizeless, storages._ids, storages._blocks_before,
+            model.allocate, model.free, model.has_stream, self._stream, on_thread, capture)
 
     # -- enabling ---------------------------------------------------------------
     def enable(self) -> "LifetimeSanitizer":
@@ -325,7 +345,12 @@ class LifetimeSanitizer:
         fresh output allocated by the op (simulated device), else one from
         before tracking."""
         if a.fresh and self.backend.allocations_by_first_sight:
-            return self.storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
+            if self._storage_feed is None:
+                return self.storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
+            sid = self._storage_feed.allocate(a.storage, a.nbytes, fresh_stream, site)  # StorageTable.allocate
+            if a.tensor is not None:
+                self.backend.watch(a.tensor, self._free, sid)
+            return sid
         return self.storages.adopt(a.storage, a.nbytes, a.device_index, a.tensor)
 
     def lifetime_op(self, func, args: tuple, kwargs: dict) -> None:
@@ -479,15 +504,29 @@ class LifetimeSanitizer:
             self.model.wait_stream(self._stream(waiter), self._stream(waitee))
 
     def on_trace_alloc(self, address, device) -> None:
-        if self._shim.connected:
-            return  # the shim reports allocations itself
-        key = self.backend.current_stream(device)
-        with self._lock:
-            self.storages.allocate(address, 0, self._stream(key), self._site())
+        """The device's allocation trace (``Hub.direct``; the native delivery
+        calls ``_trace_alloc`` itself)."""
+        self._trace_alloc(address, self.backend.current_stream(device))
 
     def on_trace_free(self, address) -> None:
-        if not self._shim.connected:
-            self._free(address)
+        found = self._trace_free(address)
+        if found:
+            self._free_found(found)
+
+    def _trace_alloc(self, address, key) -> None:
+        """An allocation the device's trace reports, on the stream ``key``
+        (its size learnt at the first access); an instance attribute
+        replaces it with the native feed's."""
+        if not self._shim.connected:  # else the shim reports allocations itself
+            self.on_shim_alloc(address, 0, key)
+
+    def _trace_free(self, address) -> Optional[list]:
+        """A free the device's trace reports: the model's findings, for
+        ``_free_found``; an instance attribute replaces it with the native
+        feed's."""
+        if self._shim.connected:
+            return None
+        return self._free_in_table(address)
 
     def on_host_read(self, tensor, what: str) -> None:
         """The host reads ``tensor`` back (``.tolist()``, ``.cpu()``,
@@ -556,6 +595,9 @@ class LifetimeSanitizer:
                 raise error
 
     def on_shim_alloc(self, address: int, size: int, key: tuple) -> None:
+        if self._storage_feed is not None:
+            self._storage_feed.allocate(address, size, key)
+            return
         with self._lock:
             self.storages.allocate(address, size, self._stream(key), self._site())
 
@@ -580,15 +622,27 @@ class LifetimeSanitizer:
         """A storage's memory was freed; returns the model's findings (the
         shim defers reuse for the uncovered ones).  ``sid``: only if that
         storage is still the one at ``address`` (a watched storage's death)."""
+        found = self._free_in_table(address, sid, site)
+        if found:
+            self._free_found(found)
+        return found
+
+    def _free_in_table(self, address, sid=None, site=None) -> list:
+        """The free in the storage table and the model: their findings."""
+        if site is None and self._storage_feed is not None:
+            return self._storage_feed.free(address) if sid is None else self._storage_feed.free(address, sid)
         if site is None:
             frame = on_thread.frame
             site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
         with self._lock:
-            found = self.storages.free(address, site, sid)
-            new = self._findings.add(found) if found else ()
+            return self.storages.free(address, site, sid)
+
+    def _free_found(self, found: list) -> None:
+        """Retains a free's findings; warns of the new uncovered frees."""
+        with self._lock:
+            new = self._findings.add(found)
         if new and self.warn_on_free:
             self._warn_frees(new)
-        return found
 
     def _site(self):
         """The current op's site when inside one, else a fresh capture."""

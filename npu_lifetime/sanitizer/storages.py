@@ -34,7 +34,8 @@ class StorageTable:
     def take_snapshot(self) -> None:
         """Asks the device's allocator which blocks are live, and on which
         streams they were allocated (called when the sanitizer is enabled)."""
-        self._blocks_before = self.backend.live_blocks()
+        self._blocks_before.clear()  # in place: the native storage feed holds this dict
+        self._blocks_before.update(self.backend.live_blocks())
 
     def get(self, address: int) -> Optional[int]:
         return self.live.get(address)
