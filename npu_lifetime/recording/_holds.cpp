@@ -196,8 +196,9 @@ PyObject* take_event(Table* self, Core* core, long device) {
     return PyObject_CallNoArgs(self->call[NEW_EVENT]);
 }
 
-// Records under the lock: a hit moves its entry to the tail, a miss adds one.
-// Returns 1 recorded, 2 recorded as the table's first entry, -1 error.
+// Records under the lock: a hit moves its entry to the tail, a miss adds one
+// (an entry on `device`, the stream's).  Returns 1 recorded, 2 recorded as
+// the table's first entry, -1 error.
 int record_locked(Table* self, PyObject* storage, PyObject* stream, uintptr_t handle, long device,
                   Drops& drops) {
     Core* core = self->core;
@@ -310,18 +311,21 @@ PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObjec
     uintptr_t handle;
     if (as_handle(PyObject_CallOneArg(self->call[HANDLE], stream), &handle) < 0) return nullptr;
     Core* core = self->core;
-    bool held;
-    {
+    {  // a held entry (the common case): re-record it, one lock
+        Drops drops;
         Locked lock(core);
-        held = holds_key(core, storage, handle);
+        if (holds_key(core, storage, handle)) {
+            if (record_locked(self, storage, stream, handle, 0, drops) < 0) return nullptr;
+            Py_RETURN_TRUE;  // (a hit is never the table's first entry)
+        }
     }
-    long device = 0;
-    bool ask_first_use = !held;  // the storage's first call on this stream: the allocation stream?
-    if (ask_first_use) {
-        device = as_long(PyObject_CallOneArg(self->call[DEVICE_INDEX], stream));
-        if (device == -1 && PyErr_Occurred()) return nullptr;
-        uintptr_t ptr = static_cast<uintptr_t>(PyLong_AsUnsignedLongLongMask(ptr_obj));
-        if (ptr == static_cast<uintptr_t>(-1) && PyErr_Occurred()) return nullptr;
+    // the storage's first call on this stream: is it the allocation stream?
+    long device = as_long(PyObject_CallOneArg(self->call[DEVICE_INDEX], stream));
+    if (device == -1 && PyErr_Occurred()) return nullptr;
+    uintptr_t ptr = static_cast<uintptr_t>(PyLong_AsUnsignedLongLongMask(ptr_obj));
+    if (ptr == static_cast<uintptr_t>(-1) && PyErr_Occurred()) return nullptr;
+    bool ask_first_use;
+    {
         Locked lock(core);
         ask_first_use = !another_streams_memory(core, ptr, device, handle);
     }
@@ -341,12 +345,7 @@ PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObjec
     {
         Drops drops;
         Locked lock(core);
-        auto fifo = core->fifos.find(handle);  // a held entry's FIFO knows the device
-        if (fifo != core->fifos.end()) device = fifo->second.device;
-        else if (held && (device = as_long(PyObject_CallOneArg(self->call[DEVICE_INDEX], stream))) == -1 &&
-                 PyErr_Occurred())  // (released by a poll meanwhile)
-            return nullptr;
-        recorded = record_locked(self, storage, stream, handle, device, drops);
+        recorded = record_locked(self, storage, stream, handle, device, drops);  // (a hit if another thread won)
     }
     if (recorded < 0) return nullptr;
     if (recorded == 2) {
