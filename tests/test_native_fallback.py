@@ -354,6 +354,30 @@ def test_the_reaper_backs_off_while_nothing_fires_and_sleeps_when_nothing_is_hel
     fallback.stop_background()
 
 
+def test_a_busy_program_does_not_make_the_reaper_poll_more_often_than_its_interval(api):
+    """Each poll empties the table and the next call is a 'first entry'
+    again: those wakes must not restart the polling (on an H100 they made
+    34x the polls, and every call paid for the contention)."""
+    fallback = NativeFallback(api, gate=CaptureGate())
+    side = FakeStream(2)
+    x = torch.ones(4)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the reaper gets the GIL as often as a device call would let it
+    try:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.3:
+            fallback.record(x, side)  # a first entry again: a wake
+            side.run()
+            fallback.reclaim()  # the table empties, as a poll empties it when the device keeps up
+        elapsed = time.perf_counter() - start
+    finally:
+        sys.setswitchinterval(old)
+    polls = fallback.counts["polls"]
+    assert fallback.counts["released"] > 1000  # the table emptied (and a call woke the reaper) that often
+    assert polls <= elapsed / fallback._reaper.MIN_INTERVAL + 3, (polls, elapsed)
+    fallback.stop_background()
+
+
 def test_no_query_while_a_capture_may_be_underway_anywhere(api):
     gate = CaptureGate()
     graph_class = make_graph_class(api)
