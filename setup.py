@@ -49,6 +49,10 @@ OPTIONAL_EXTENSIONS = [
     # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/sanitizer.py, _HostLock)
     Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_host_lock.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the native fallback's table of held storages (npu_lifetime/recording/native_fallback.py)
+    Extension("npu_lifetime.recording._holds", sources=["npu_lifetime/recording/_holds.cpp"],
+              language="c++",
+              extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]),
     # the lifetime model in C++ (npu_lifetime/lifetime/model.py stays the reference)
     Extension("npu_lifetime.lifetime._native_model", sources=["npu_lifetime/lifetime/native_model.cpp"],
               language="c++",

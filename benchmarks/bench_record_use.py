@@ -1,7 +1,7 @@
 """Host cost of one record_use call, against a raw event record and
 record_stream, measured in the same run (interleaved rounds, medians).
 
-    python benchmarks/bench_record_use.py [--device auto|cuda|sim|fallback] [--calls 20000] [--rounds 7]
+    python benchmarks/bench_record_use.py [--device auto|cuda|sim|fallback|npu] [--calls 20000] [--rounds 7]
 
 cuda: one child process with the shim installed (the fast path; the goal is
 <= 2 us and <= 2x a raw torch.cuda.Event.record), one with the native
@@ -12,7 +12,11 @@ the Python overhead only, there is no device call behind it.  fallback:
 NativeFallback.record itself over a fake device API whose event record and
 query are no-ops (its reaper thread running): the fallback's own Python
 overhead, what a CPU machine can measure of the GPU cost (which adds the
-event record and the fast path's checks).
+event record and the fast path's checks).  npu: the whole record_use call
+through the fallback under the real torch_npu over the stand-in CANN
+runtime (tests/npu_standin; CPU-only), one storage, a new storage each call
+and a raw event record in one run: the closest a CPU machine gets to the
+cuda figures.
 """
 from __future__ import annotations
 
@@ -79,16 +83,23 @@ def cuda_shim(calls: int, rounds: int) -> dict:
     return {"allocator": f"shim ({shim.policy()})", "us": out}
 
 
-def cuda_native(calls: int, rounds: int) -> dict:
+def native(device_type: str, calls: int, rounds: int) -> dict:
+    """record_use through the fallback (no shim) on cuda or npu: one storage
+    re-recorded, a new storage each call, against a raw event record and
+    record_stream, all in one run."""
     import torch
 
     import npu_lifetime
+    from npu_lifetime.recording import native_fallback
     from npu_lifetime.recording.native_fallback import FALLBACK
 
-    side = torch.cuda.Stream()
-    x = torch.ones(1024, device="cuda")
-    event = torch.cuda.Event()
-    fresh = [torch.ones(256, device="cuda") for _ in range(calls)]
+    if device_type == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    module = getattr(torch, device_type)
+    side = module.Stream()
+    x = torch.ones(1024, device=device_type)
+    event = module.Event()
+    fresh = [torch.ones(256, device=device_type) for _ in range(calls)]
     position = [0]
 
     def new_storage():  # a storage the fallback holds nothing for yet (FSDP's all-gather outputs)
@@ -101,16 +112,34 @@ def cuda_native(calls: int, rounds: int) -> dict:
         "record_use (fallback), a new storage each call": new_storage,
         "record_stream": lambda: x.record_stream(side),
     }, calls, rounds)
-    torch.cuda.synchronize()
-    return {"allocator": "native", "us": out, "fallback": dict(FALLBACK.for_device("cuda").counts)}
+    module.synchronize()
+    fallback = FALLBACK.for_device(device_type)
+    table = getattr(getattr(native_fallback, "Table", None), "__module__", "none: before the table")
+    return {"allocator": f"{device_type} native caching allocator (table: {table})", "us": out,
+            "fallback": dict(fallback.counts)}
+
+
+def cuda_native(calls: int, rounds: int) -> dict:
+    return native("cuda", calls, rounds)
+
+
+def npu_native(calls: int, rounds: int) -> dict:
+    """torch_npu's own allocator over the stand-in CANN runtime (tests/npu_standin):
+    host costs of torch_npu's Python and C++ with a CPU runtime behind them."""
+    return native("npu", calls, rounds)
 
 
 def fallback_fake(calls: int, rounds: int) -> dict:
-    """NativeFallback.record over a fake device API: no device call behind
-    it.  Timed in the calling thread's CPU time (this is pure Python work;
-    on a shared machine wall time would mostly measure the neighbours):
-    one storage re-recorded, and a new storage each call (the storages
-    are made, and released after, outside the timing)."""
+    """NativeFallback over a fake device API: no device call behind it.
+    Timed in the calling thread's CPU time (on a shared machine wall time
+    would mostly measure the neighbours): one storage re-recorded, a new
+    storage each call (the storages are made, and released after, outside
+    the timing), and the fast path's call (fallback.fast: its type checks,
+    then the same record).  The fake's calls are C callables that do
+    nothing, as torch's bindings are C calls (operator.is_ for the event
+    record, bool for the capture check, attrgetters for handle and device),
+    so the figures are the fallback's own cost."""
+    import operator
     import statistics
     import time
 
@@ -120,47 +149,57 @@ def fallback_fake(calls: int, rounds: int) -> dict:
 
     class Stream:
         def __init__(self, handle):
-            self.handle, self.device_index = handle, 0
+            self.handle, self.device_index = handle, -1  # a CPU tensor's get_device()
 
     class Event:
         def record(self, stream):
             pass
 
     class FakeAPI:
+        device_type = "cpu"  # the fast path takes CPU tensors
         fired = False  # nothing fires while timed: every entry stays held
         query = staticmethod(lambda event: FakeAPI.fired)
-        new_event, handle = Event, staticmethod(lambda stream: stream.handle)
-        device_index = staticmethod(lambda stream: stream.device_index)
-        is_capturing = staticmethod(lambda: False)
-        record_event = staticmethod(lambda event, stream: None)
+        new_event = Event
+        handle, device_index = operator.attrgetter("handle"), operator.attrgetter("device_index")
+        is_capturing = bool  # () -> False
+        record_event = operator.is_  # (event, stream) -> a C call that does nothing
+        stream_type = staticmethod(lambda: Stream)
         # one segment holding every address, allocated on stream 1 (the uses are on stream 2)
-        segments = staticmethod(lambda: [{"address": 0, "total_size": 1 << 62, "device": 0, "stream": 1}])
+        segments = staticmethod(lambda: [{"address": 0, "total_size": 1 << 62, "device": -1, "stream": 1}])
         segment_version = staticmethod(lambda device: (0, 0))
 
     fallback = NativeFallback(FakeAPI(), gate=CaptureGate())
-    side, event, x = Stream(2), Event(), torch.ones(4)
-    samples = {"event_record": [], "NativeFallback.record, one storage": [],
-               "NativeFallback.record, a new storage each call": []}
+    side, event, x, y = Stream(2), Event(), torch.ones(4), torch.ones(4)
+    fast = getattr(fallback, "fast", None)  # (the code before the table had none)
+    names = ["event_record (a Python no-op)", "NativeFallback.record, one storage",
+             "NativeFallback.record, a new storage each call"] + (["NativeFallback.fast, one storage"] if fast else [])
+    samples = {name: [] for name in names}
     for _ in range(rounds + 1):  # the first round warms up
         fresh = [torch.ones(4) for _ in range(calls)]
-        t0 = time.thread_time()
+        times = [time.thread_time()]
         for _ in range(calls):
             event.record(side)
-        t1 = time.thread_time()
+        times.append(time.thread_time())
         for _ in range(calls):
             fallback.record(x, side)
-        t2 = time.thread_time()
+        times.append(time.thread_time())
         for t in fresh:
             fallback.record(t, side)
-        t3 = time.thread_time()
-        for name, seconds in zip(samples, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-            samples[name].append(seconds / calls * 1e6)
+        times.append(time.thread_time())
+        if fast:
+            for _ in range(calls):
+                fast(y, side)
+            times.append(time.thread_time())
+        for name, t0, t1 in zip(samples, times, times[1:]):
+            samples[name].append((t1 - t0) / calls * 1e6)
         FakeAPI.fired = True
         fallback.reclaim()
         FakeAPI.fired = False
     fallback.stop_background()
     out = {name: statistics.median(v[1:]) for name, v in samples.items()}
-    return {"allocator": "none: the fallback over a fake device API (Python overhead only, thread CPU time)",
+    table = getattr(fallback, "_table", None)
+    return {"allocator": "none: the fallback over a fake device API (its own cost, thread CPU time; table: "
+                         f"{type(table).__module__ if table is not None else 'none, before the table'})",
             "us": out, "fallback": fallback.counts}
 
 
@@ -196,12 +235,34 @@ def sim(calls: int, rounds: int) -> dict:
     return {"allocator": f"shim on its simulated runtime ({shim.policy()})", "us": out}
 
 
-CHILDREN = {"cuda_shim": cuda_shim, "cuda_native": cuda_native}
+CHILDREN = {"cuda_shim": cuda_shim, "cuda_native": cuda_native, "npu_native": npu_native}
+
+
+def run_child(child: str, calls: int, rounds: int, python: str = sys.executable, env: dict = None) -> dict:
+    env = dict(env or os.environ, PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = ":".join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run([python, __file__, "--child", child, "--calls", str(calls), "--rounds", str(rounds)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"{child} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def npu_standin_child(calls: int, rounds: int) -> dict:
+    """npu_native in the torch_npu interpreter over the stand-in CANN runtime
+    (tests/npu_helpers.py finds both, building the stand-in once)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import npu_helpers
+
+    python = npu_helpers.npu_python()
+    if python is None:
+        raise SystemExit("--device npu needs the torch_npu interpreter (.venv-npu or NPU_LIFETIME_NPU_PYTHON)")
+    return run_child("npu_native", calls, rounds, python=python, env=npu_helpers.npu_environment())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "sim", "fallback"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "sim", "fallback", "npu"])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--child", choices=sorted(CHILDREN))
@@ -225,20 +286,15 @@ def main() -> None:
         results = [sim(args.calls, args.rounds)]
     elif device == "fallback":
         results = [fallback_fake(args.calls, args.rounds)]
+    elif device == "npu":
+        results = [npu_standin_child(args.calls, args.rounds)]
     else:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-        results = []
-        for child in ("cuda_shim", "cuda_native"):
-            done = subprocess.run([sys.executable, __file__, "--child", child, "--calls", str(args.calls),
-                                   "--rounds", str(args.rounds)], capture_output=True, text=True, env=env, cwd=ROOT)
-            if done.returncode != 0:
-                raise SystemExit(f"{child} failed:\n{done.stderr[-3000:]}")
-            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        results = [run_child(child, args.calls, args.rounds) for child in ("cuda_shim", "cuda_native")]
     print(f"per-call host time, median of {args.rounds} interleaved rounds of {args.calls} calls")
     for result in results:
         print(f"\nallocator: {result['allocator']}")
         us = result["us"]
-        base = us.get("event_record") or us.get("simdevice event_record")
+        base = next(v for k, v in us.items() if "event_record" in k)
         for name, value in us.items():
             print(f"  {name:<52} {value:8.3f} us   {value / base:5.2f}x event record")
         if "fallback" in result:

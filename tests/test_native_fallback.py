@@ -5,14 +5,34 @@ test_gpu_record_use.py): no-op on the allocation stream, one live event per
 another call (the reaper thread, the out-of-memory observer), no query while
 a capture may be underway (the capture gate), capture, resize_(0), fork."""
 import os
+import sys
 import threading
 import time
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from npu_lifetime.recording import _holds_py, native_fallback
 from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
+
+try:
+    from npu_lifetime.recording import _holds
+except ImportError:  # the extension is optional: its tests skip
+    _holds = None
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def table_class(request, monkeypatch):
+    """Every test runs over both tables: _holds.cpp and _holds_py.py."""
+    if request.param == "native":
+        if _holds is None:
+            pytest.skip("npu_lifetime.recording._holds is not built")
+        cls = _holds.Table
+    else:
+        cls = _holds_py.Table
+    monkeypatch.setattr(native_fallback, "Table", cls)
+    return cls
 
 
 class FakeStream:
@@ -197,7 +217,7 @@ def test_reclaiming_costs_what_completed_not_what_is_held(api, fallback):
     assert api.queries == 10 + 1 + 1  # ten released, the first unfired on side, the one on other
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["record", "run", "reclaim"]), st.integers(0, 4), st.integers(0, 2)),
                 max_size=40))
 def test_released_exactly_when_the_latest_use_has_fired(ops):
@@ -334,6 +354,30 @@ def test_the_reaper_backs_off_while_nothing_fires_and_sleeps_when_nothing_is_hel
     fallback.stop_background()
 
 
+def test_a_busy_program_does_not_make_the_reaper_poll_more_often_than_its_interval(api):
+    """Each poll empties the table and the next call is a 'first entry'
+    again: those wakes must not restart the polling (on an H100 they made
+    34x the polls, and every call paid for the contention)."""
+    fallback = NativeFallback(api, gate=CaptureGate())
+    side = FakeStream(2)
+    x = torch.ones(4)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the reaper gets the GIL as often as a device call would let it
+    try:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.3:
+            fallback.record(x, side)  # a first entry again: a wake
+            side.run()
+            fallback.reclaim()  # the table empties, as a poll empties it when the device keeps up
+        elapsed = time.perf_counter() - start
+    finally:
+        sys.setswitchinterval(old)
+    polls = fallback.counts["polls"]
+    assert fallback.counts["released"] > 1000  # the table emptied (and a call woke the reaper) that often
+    assert polls <= elapsed / fallback._reaper.MIN_INTERVAL + 3, (polls, elapsed)
+    fallback.stop_background()
+
+
 def test_no_query_while_a_capture_may_be_underway_anywhere(api):
     gate = CaptureGate()
     graph_class = make_graph_class(api)
@@ -447,4 +491,111 @@ def test_fork_while_the_reaper_polls_leaves_the_child_free_to_poll(api):
             pytest.fail("the forked child deadlocked")
         assert os.waitstatus_to_exitcode(status) == 0
     assert fallback.held() == 1
+    fallback.stop_background()
+
+
+# -- the table's own edges ---------------------------------------------------------------------------
+
+def test_an_event_record_that_fails_leaves_nothing_held(api, fallback):
+    """A record that raised recorded nothing: no entry may hold the storage
+    on an event that will never fire for it."""
+    side = FakeStream(2)
+    kept, x = torch.ones(4), torch.ones(4)
+    fallback.record(kept, side)
+
+    def failing(event, stream):
+        raise RuntimeError("device error")
+
+    fallback._table = native_fallback.Table(  # the same table, its record_event failing
+        record_event=failing, query=api.query, new_event=api.new_event, is_capturing=api.is_capturing,
+        record_stream=api.record_stream, handle=api.handle, device_index=api.device_index,
+        first_use=fallback._first_use, on_first=lambda: None, device_flag="is_cpu",
+        stream_type=FakeStream, tensor_type=torch.Tensor)
+    with pytest.raises(RuntimeError, match="device error"):
+        fallback.record(x, side)
+    assert fallback.held() == 0 and fallback.counts["recorded"] == 0
+    assert not fallback.guards(x.untyped_storage())
+
+
+def test_a_failed_record_of_a_held_storage_keeps_its_earlier_entry(api, fallback):
+    side = FakeStream(2)
+    x = torch.ones(4)
+    fallback.record(x, side)
+    api.new_event = None  # not needed: the entry exists
+    original = FakeEvent.record
+
+    def failing(self, stream):
+        raise RuntimeError("device error")
+
+    FakeEvent.record = failing
+    try:
+        with pytest.raises(RuntimeError, match="device error"):
+            fallback.record(x, side)
+    finally:
+        FakeEvent.record = original
+    assert fallback.held() == 1  # the earlier record still holds it
+    side.run()
+    assert fallback.reclaim() == 1
+
+
+def test_fast_takes_only_a_tensor_of_the_device_and_a_stream_of_its_type(api):
+    """The fast path's checks: anything else is False (nothing done), so
+    the checked path can say what was wrong."""
+    api.device_type, api.stream_type = "cpu", lambda: FakeStream
+    fallback = NativeFallback(api, gate=CaptureGate(), background=False)
+    side = FakeStream(2, device=-1)  # a CPU tensor's get_device()
+    x = torch.ones(4)
+    freed = torch.ones(4)
+    freed.untyped_storage().resize_(0)
+    for tensor, stream in [("not a tensor", side), (x, "not a stream"), (x, None), (x, FakeStream(2, device=0)),
+                           (torch.ones(4, device="meta"), side), (freed, side)]:
+        assert fallback.fast(tensor, stream) is False
+    assert fallback.held() == 0 and fallback.counts["recorded"] == 0
+    assert fallback.fast(x, side) is True and fallback.held() == 1
+
+
+def test_a_table_refuses_what_is_not_callable(table_class, api):
+    with pytest.raises(TypeError, match="query"):
+        table_class(record_event=print, query=None, new_event=print, is_capturing=print, record_stream=print,
+                    handle=print, device_index=print, first_use=print, on_first=print, device_flag="is_cpu",
+                    stream_type=FakeStream, tensor_type=torch.Tensor)
+
+
+def test_record_refuses_what_is_not_a_tensor(fallback):
+    with pytest.raises(AttributeError, match="untyped_storage"):
+        fallback.record("not a tensor", FakeStream(2))
+    assert fallback.held() == 0
+
+
+def test_threads_recording_while_the_reaper_polls_lose_nothing(api):
+    """Threads record (their device calls are Python, so the GIL switches
+    inside a call holding the table's lock) while the reaper polls; once
+    every stream ran, everything is released and every entry was counted."""
+    fallback = NativeFallback(api, gate=CaptureGate())
+    streams = [FakeStream(h) for h in (2, 3, 4)]
+    tensors = [torch.ones(1) for _ in range(8)]
+    errors = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(300):
+                fallback.record(tensors[(seed + i) % len(tensors)], streams[(seed * 7 + i) % len(streams)])
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the GIL changes hands inside the calls
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [] and fallback.counts["recorded"] == 4 * 300
+    assert 1 <= fallback.held() <= len(tensors) * len(streams)
+    for s in streams:
+        s.run()
+    assert wait_for(lambda: fallback.held() == 0) and api.violations == []
     fallback.stop_background()

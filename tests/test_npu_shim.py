@@ -68,3 +68,15 @@ def test_record_use_under_the_shim_puts_one_use_event_on_the_block():
 def test_record_use_over_torch_npus_own_allocator_holds_then_releases_without_another_call():
     r = run("record_use_fallback")
     assert r["held_while_paused"] == 1 and r["held_after"] == 0 and r["y_ok"]
+
+
+def test_record_use_over_torch_npus_own_allocator_refuses_misuse_with_what_to_pass():
+    r = run("record_use_fallback_misuse")
+    errors = r["errors"]
+    assert errors["stream str"].startswith("RecordUseError") and "needs a stream" in errors["stream str"], errors
+    assert errors["stream int"].startswith("RecordUseError") and "needs a stream" in errors["stream int"], errors
+    assert "simdevice stream goes with CPU tensors" in errors["stream simdevice"], errors
+    assert "needs a tensor" in errors["tensor list"], errors
+    assert "freed storage" in errors["freed storage"], errors
+    assert r["held_after_misuse"] == 0
+    assert r["checked_calls"] == 0 and r["held_after_call"] == 1  # a proper call stays on the fast path

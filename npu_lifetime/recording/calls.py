@@ -406,35 +406,29 @@ def _enable_fast_path_if_installed(device_type: str) -> None:
 def _fallback_fast(device_type: str) -> Callable:
     """record_use under the native caching allocator with the checks the
     common case does not need left to the checked path (False sends the
-    call there): a tensor of this device type, a typed stream of its device
-    or None (the current stream), memory to keep, no shim installed since."""
-    record = FALLBACK.for_device(device_type).record
+    call there).  Here: not compiling, no dispatch mode, no shim installed
+    since, the current stream for None; the fallback's native ``fast``
+    then checks a tensor of this device type, a typed stream of its device
+    and memory to keep, and records (one C call)."""
+    table_fast = FALLBACK.for_device(device_type).fast
     if device_type == "cuda":
-        flag, stream_type = "is_cuda", torch.cuda.Stream
-        current = torch.cuda.current_stream
+        flag, current = "is_cuda", torch.cuda.current_stream
     else:
-        import torch_npu
+        import torch_npu  # noqa: F401  (registers torch.npu)
 
-        flag, stream_type = "is_npu", torch_npu.npu.Stream
-        current = torch.npu.current_stream
-    get_device = torch.Tensor.get_device
+        flag, current = "is_npu", torch.npu.current_stream
 
     def fast(tensor, stream) -> bool:
-        try:
-            if (not getattr(tensor, flag) or _is_compiling() or _dispatch_modes()
-                    or shim_state._installed is not None):
-                return False
-            if stream is None:
-                stream = current(tensor.device)
-            elif type(stream) is not stream_type or stream.device_index != get_device(tensor):
-                return False
-            storage = tensor.untyped_storage()
-            if not storage.data_ptr():  # no elements, or a freed storage: the checked path says which
-                return False
-        except (AttributeError, TypeError):  # not a tensor or not a stream
+        if _is_compiling() or _dispatch_modes() or shim_state._installed is not None:
             return False
-        record(tensor, stream, storage)
-        return True
+        if stream is None:
+            try:
+                if not getattr(tensor, flag):
+                    return False
+                stream = current(tensor.device)
+            except (AttributeError, TypeError):  # not a tensor
+                return False
+        return table_fast(tensor, stream)
 
     fast.fallback = True
     return fast

@@ -51,6 +51,14 @@ Invariants:
 * **Fork.**  The lock is held across ``fork()``; the child starts empty,
   without a reaper, and never touches the parent's events or storages (its
   CUDA context is gone).
+* **Per call: one C call.**  The entries, the FIFOs, the pool of fired
+  events and a copy of the segment table live in a ``Table`` (``_holds.cpp``;
+  ``_holds_py.py`` where it is not built): a call is ``Table.fast`` (the fast
+  path's type checks) or ``Table.record``, which calls back into Python only
+  for the device (capture check, stream handle, event record) and, on a
+  first call the copied segment table cannot answer, ``_first_use``.  An
+  entry owns a reference to the storage's Python object; a failed event
+  record leaves no entry.
 """
 from __future__ import annotations
 
@@ -62,12 +70,16 @@ import operator
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Optional
 
 import torch
 
 from . import watchers
+
+try:  # the per-call path in C++; the same table in Python where it is not built
+    from ._holds import Table
+except ImportError:  # pragma: no cover - depends on the build
+    from ._holds_py import Table
 
 # fork(): the gates' locks, then every fallback's, are held across it (the
 # reaper takes them in that order), so the child inherits none held.
@@ -168,34 +180,34 @@ GATE.watch(getattr(torch.cuda, "CUDAGraph", None))  # at import: before any capt
 class NativeFallback:
     """The fallback for one device API (``CudaAPI``, ``NpuAPI``, or a fake
     in tests).  Thread-safe.  ``background``: release from a reaper thread
-    (the product); tests of the bookkeeping turn it off to poll by hand."""
+    (the product); tests of the bookkeeping turn it off to poll by hand.
+    The per-call work is one call into its ``Table`` (``_holds.cpp``, or
+    ``_holds_py.py`` where the extension is not built)."""
 
     def __init__(self, api, gate: CaptureGate = GATE, background: bool = True) -> None:
         self.api = api
         self.gate = gate
         self.background = background
-        self.segments = SegmentTable(api)
-        self._lock = threading.Lock()
-        # stream handle -> OrderedDict(storage -> its event on that stream), in record order; a
-        # storage is its own key (torch keeps one Python object per storage while it lives)
-        self._fifos: dict = {}
-        self._stream_of: dict = {}  # stream handle -> (typed stream, device index), while it has a FIFO
-        self._idle_events: dict = {}  # device index -> events that have fired
-        self._orphans: list = []  # what a forked child inherited and must never touch
         self._reaper: Optional[_Reaper] = None
         self._observing_oom = False
-        self._recorded = 0
         self._counts = dict.fromkeys(
-            ("events_created", "queries", "released", "on_allocation_stream", "in_capture",
-             "kept_across_resize", "polls", "released_in_background", "polls_skipped_for_capture",
+            ("kept_across_resize", "polls", "released_in_background", "polls_skipped_for_capture",
              "out_of_memory_polls"), 0)
-        self._is_capturing, self._handle = api.is_capturing, api.handle
         # what a device API may lack (a fake in tests): the plain defaults
-        self._record_event = getattr(api, "record_event", None) or (lambda event, stream: event.record(stream))
         self._stream_capturing = getattr(api, "stream_capturing", lambda stream: False)
         self._sanitized = getattr(api, "sanitized", lambda: False)
         for graph_class in getattr(api, "graph_classes", lambda: ())():
             gate.watch(graph_class)
+        self._table = self._lock = Table(
+            record_event=getattr(api, "record_event", None) or (lambda event, stream: event.record(stream)),
+            query=api.query, new_event=api.new_event, is_capturing=api.is_capturing,
+            record_stream=getattr(api, "record_stream", None) or (lambda tensor, stream: tensor.record_stream(stream)),
+            handle=api.handle, device_index=api.device_index,
+            first_use=self._first_use, on_first=self._start_background,
+            device_flag=f"is_{getattr(api, 'device_type', 'cuda')}",
+            stream_type=getattr(api, "stream_type", lambda: _NoStream)(), tensor_type=torch.Tensor)
+        self.segments = SegmentTable(api, on_rebuild=self._table.set_segments)
+        self.fast = self._table.fast  # the fast path's call: False when a check failed (nothing done)
         _FALLBACKS.add(self)  # its lock is held across fork() (_before_fork)
 
     # -- the call ----------------------------------------------------------------------
@@ -204,47 +216,22 @@ class NativeFallback:
         """Records an event on ``stream`` and holds the storage until it fired
         (``storage``: the tensor's, if the caller has it).  ``poll``: also
         release what has fired, now (the checked path does, while a
-        sanitizer watches: frees stay in the program's own order).  Written
-        for its cost: every line is on the per-call path."""
-        if self._is_capturing():
-            self.api.record_stream(tensor, stream)
-            self._counts["in_capture"] += 1
-            return
-        handle = self._handle(stream)
-        if storage is None:
-            storage = tensor.untyped_storage()
-        fifo = self._fifos.get(handle)
-        if fifo is None or storage not in fifo:  # its first call on this stream
-            if self.segments.is_allocation_stream(storage.data_ptr(), self.api.device_index(stream), handle):
-                self._counts["on_allocation_stream"] += 1
-                return
-            _guard_resize(self)
-        lock = self._lock
-        lock.acquire()
-        try:
-            fifos = self._fifos
-            first = not fifos
-            fifo = fifos.get(handle)
-            if fifo is None:
-                fifo = fifos[handle] = OrderedDict()
-                self._stream_of[handle] = (stream, self.api.device_index(stream))
-            event = fifo.get(storage)
-            if event is None:
-                event = fifo[storage] = self._event_locked(self._stream_of[handle][1])
-            else:
-                fifo.move_to_end(storage)
-            self._record_event(event, stream)
-            self._recorded += 1
-        finally:
-            lock.release()
-        if first:
-            self._start_background()
+        sanitizer watches: frees stay in the program's own order)."""
+        self._table.record(tensor, stream, storage)
         if poll:
             self.reclaim()
 
+    def _first_use(self, storage, ptr: int, device: int, handle: int) -> bool:
+        """A storage's first call on a stream that the table's copy of the
+        segment table could not answer: True when it is the storage's
+        allocation stream (nothing to hold).  The resize_ guard goes in
+        first: the table answers later first calls without this one."""
+        _guard_resize(self)
+        return self.segments.is_allocation_stream(ptr, device, handle)
+
     @property
     def counts(self) -> dict:
-        return {"recorded": self._recorded, **self._counts}
+        return {**self._table.counts, **self._counts}
 
     # -- reclaiming ---------------------------------------------------------------------------
     def reclaim(self) -> int:
@@ -256,9 +243,8 @@ class NativeFallback:
             if not open_:
                 self._counts["polls_skipped_for_capture"] += 1
                 return 0
-            with self._lock:
-                released = self._reclaim_locked(check_streams=False)
-        return len(released)
+            with watchers.internal_polling():
+                return self._table.poll()
 
     def poll_in_background(self) -> Optional[int]:
         """The reaper's poll: releases what has fired, never while a capture
@@ -270,11 +256,17 @@ class NativeFallback:
             if not open_:
                 self._counts["polls_skipped_for_capture"] += 1
                 return 0
-            with self._lock:
-                released = self._reclaim_locked(check_streams=True)
-                self._counts["polls"] += 1
-                self._counts["released_in_background"] += len(released)
-        return len(released)
+            with watchers.internal_polling():
+                released = self._table.poll(self._stream_capturing_counted)
+            self._counts["polls"] += 1
+            self._counts["released_in_background"] += released
+        return released
+
+    def _stream_capturing_counted(self, stream) -> bool:
+        capturing = self._stream_capturing(stream)
+        if capturing:
+            self._counts["polls_skipped_for_capture"] += 1
+        return capturing
 
     def on_out_of_memory(self, *_args) -> None:
         """The allocator's out-of-memory observer: release what has fired now."""
@@ -289,50 +281,15 @@ class NativeFallback:
         Refused while a capture may be underway (the host may not wait then)."""
         if self.api.is_capturing() or self.gate.underway():
             raise RuntimeError("npu_lifetime: wait_all() while a graph capture is underway")
-        with self._lock:
-            events = [event for fifo in self._fifos.values() for event in fifo.values()]
-        for event in events:
+        for event in self._table.events():
             event.synchronize()
         self.reclaim()
 
     def held(self) -> int:
-        with self._lock:
-            return sum(len(fifo) for fifo in self._fifos.values())
+        return self._table.held()
 
     def has_entries(self) -> bool:
-        return bool(self._fifos)
-
-    def _reclaim_locked(self, check_streams: bool) -> list:
-        released = []
-        query = self.api.query
-        for handle in list(self._fifos):
-            fifo = self._fifos[handle]
-            stream, device = self._stream_of[handle]
-            if check_streams and self._stream_capturing(stream):
-                self._counts["polls_skipped_for_capture"] += 1
-                continue
-            idle = None
-            while fifo:
-                storage, event = next(iter(fifo.items()))
-                self._counts["queries"] += 1
-                if not query(event):
-                    break  # later entries on this stream were recorded after it
-                fifo.popitem(last=False)
-                released.append(storage)
-                if idle is None:
-                    idle = self._idle_events.setdefault(device, [])
-                idle.append(event)
-            if not fifo:
-                del self._fifos[handle], self._stream_of[handle]
-        self._counts["released"] += len(released)
-        return released
-
-    def _event_locked(self, device: int):
-        idle = self._idle_events.get(device)
-        if idle:
-            return idle.pop()
-        self._counts["events_created"] += 1
-        return self.api.new_event()
+        return self._table.has_entries()
 
     def _start_background(self) -> None:
         """On a first entry: the out-of-memory observer (once) and the reaper."""
@@ -357,10 +314,11 @@ class NativeFallback:
     def before_shrink(self, storage: torch.UntypedStorage) -> None:
         """``storage`` is about to give back memory: keep it for every
         pending stream (the allocator records an event there at the free)."""
-        with self.gate.polling() as open_, self._lock:
-            entries = [(self._stream_of[h][0], fifo[storage]) for h, fifo in self._fifos.items() if storage in fifo]
+        with self.gate.polling() as open_:
+            entries = self._table.entries_of(storage)
             if open_ and not self.api.is_capturing():
-                pending = [stream for stream, event in entries if not self.api.query(event)]
+                with watchers.internal_polling():
+                    pending = [stream for stream, event in entries if not self.api.query(event)]
             else:  # no query may be made now: every stream counts as pending
                 pending = [stream for stream, _ in entries]
         if pending:
@@ -370,15 +328,18 @@ class NativeFallback:
             self._counts["kept_across_resize"] += len(pending)
 
     def guards(self, storage) -> bool:
-        return any(storage in fifo for fifo in self._fifos.values())
+        return self._table.guards(storage)
 
     # -- fork -----------------------------------------------------------------------------------
     def _after_fork_in_child(self) -> None:
-        self._orphans.append((self._fifos, self._idle_events))
-        self._lock = threading.Lock()
-        self._fifos, self._stream_of, self._idle_events = {}, {}, {}
+        self._table.reset_after_fork()  # the parent's entries are never touched
         self._reaper = None  # its thread did not come along
-        self.segments = SegmentTable(self.api)
+        self.segments = SegmentTable(self.api, on_rebuild=self._table.set_segments)
+
+
+class _NoStream:
+    """The fast path's stream type for a device API without one (a fake):
+    no stream is of it, so fast() always leaves the call to record()."""
 
 
 def _weak_method(method):
@@ -405,14 +366,21 @@ class _Reaper:
         self._fallback = weakref.ref(fallback)
         self._cond = threading.Condition(threading.Lock())
         self._stop = self._woken = False
+        self._sleeping = False  # waiting with nothing held, until a wake
         self._thread = threading.Thread(target=self._run, name="npu_lifetime-record_use-reaper", daemon=True)
         self._thread.start()
         atexit.register(self.stop)
 
     def wake(self) -> None:
+        """A first entry: start polling soon, if the reaper sleeps.  While it
+        polls, a wake changes nothing: the table empties and refills at every
+        poll of a busy program, and resetting the interval each time made the
+        reaper poll every few calls (34x the polls on an H100, and every
+        call paid for the contention)."""
         with self._cond:
-            self._woken = True
-            self._cond.notify()
+            if self._sleeping:
+                self._woken = True
+                self._cond.notify()
 
     def stop(self, timeout: float = 1.0) -> None:
         with self._cond:
@@ -426,7 +394,9 @@ class _Reaper:
         while True:
             with self._cond:
                 while not self._stop and not self._woken and not self._has_entries():
+                    self._sleeping = True
                     self._cond.wait()
+                self._sleeping = False
                 if self._woken:
                     self._woken, interval = False, self.MIN_INTERVAL
                 if not self._stop:
@@ -452,8 +422,9 @@ class SegmentTable:
     """Which stream each of the allocator's segments belongs to (every block
     of a segment is allocated on that stream)."""
 
-    def __init__(self, api) -> None:
+    def __init__(self, api, on_rebuild=lambda rows: None) -> None:
         self.api = api
+        self._on_rebuild = on_rebuild  # (start, end, device, owner) rows after each rebuild
         self._starts: list = []  # sorted segment addresses
         self._segments: list = []  # (address, end, device, stream) in the same order
         self._version = None
@@ -490,6 +461,7 @@ class SegmentTable:
         self._segments, self._starts = segments, [s[0] for s in segments]
         self._version = version
         self.rebuilds += 1
+        self._on_rebuild(segments)
 
 
 # -- resize_ guard ---------------------------------------------------------------------------------
@@ -519,26 +491,30 @@ def _guard_resize(fallback: NativeFallback) -> None:
 
 
 # -- device APIs -------------------------------------------------------------------------------------
-def _internal_query(event) -> bool:
-    """The event's query, made as an internal poller: a sanitizer does not
-    count our own polling as a host synchronisation the program could rely on."""
-    with watchers.internal_polling():
-        return event.query()
+# Every poll runs inside watchers.internal_polling(): a sanitizer does not count
+# the fallback's own queries as host synchronisations the program could rely on.
+def _query(event) -> bool:
+    return event.query()
 
 
 class CudaAPI:
     device_type = "cuda"
 
     def __init__(self) -> None:
-        self.query = _internal_query
         # the bindings themselves where torch has them: a Python frame costs about what the call does
         base = getattr(torch._C, "_CudaEventBase", None)
+        self.query = getattr(base, "query", None) or _query
         self.record_event = getattr(base, "record", None) or (lambda event, stream: event.record(stream))
         self.is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or self.is_capturing
         self.handle = operator.attrgetter("cuda_stream")
+        self.device_index = operator.attrgetter("device_index")
 
     def new_event(self):
         return torch.cuda.Event()
+
+    @staticmethod
+    def stream_type() -> type:
+        return torch.cuda.Stream
 
     @staticmethod
     def handle(stream) -> int:
@@ -599,13 +575,17 @@ class NpuAPI(CudaAPI):
 
         self._npu = torch_npu.npu
         self._c = torch_npu._C
-        self.query = _internal_query
+        self.query = _query
         self.record_event = lambda event, stream: event.record(stream)  # through torch_npu's task queue
         self.is_capturing = self._npu.is_current_stream_capturing
         self.handle = lambda stream: int(stream.npu_stream)
+        self.device_index = operator.attrgetter("device_index")
 
     def new_event(self):
         return self._npu.Event()
+
+    def stream_type(self) -> type:
+        return self._npu.Stream
 
     @staticmethod
     def handle(stream) -> int:

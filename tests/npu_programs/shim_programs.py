@@ -186,8 +186,46 @@ def record_use_fallback() -> dict:
             "y_ok": bool((y.cpu() == 2).all())}
 
 
+def record_use_fallback_misuse() -> dict:
+    """record_use over torch_npu's own allocator with what it cannot take:
+    each refused with a RecordUseError saying what to pass, nothing held;
+    then the fast path (no checked-path call) for a proper call."""
+    from npu_lifetime import simdevice
+    from npu_lifetime.recording import calls, native_fallback
+
+    side = torch.npu.Stream()
+    x = torch.ones(N, device="npu")
+    freed = torch.ones(N, device="npu")
+    freed.untyped_storage().resize_(0)
+    cases = {"stream str": (x, "side"), "stream simdevice": (x, simdevice.Stream()), "tensor list": ([1.0], side),
+             "freed storage": (freed, side), "stream int": (x, 7)}
+    errors = {}
+    for name, (tensor, stream) in cases.items():
+        try:
+            npu_lifetime.record_use(tensor, stream)
+            errors[name] = None
+        except Exception as err:  # noqa: BLE001 - the type and words are the result
+            errors[name] = f"{type(err).__name__}: {err}"
+    held_after_misuse = native_fallback.FALLBACK.held()
+    npu_lifetime.record_use(torch.ones(8, device="npu"), side)  # the first call enables the fast path
+    torch.npu.synchronize()
+    standin.wait_for(lambda: native_fallback.FALLBACK.held() == 0, timeout=5)
+    checked = []
+    original = calls._record_use_checked
+    calls._record_use_checked = lambda *args: (checked.append(args), original(*args))[1]
+    standin.pause(side)  # the event stays pending: held until resumed
+    try:
+        npu_lifetime.record_use(x, side)
+    finally:
+        calls._record_use_checked = original
+    held_after_call = native_fallback.FALLBACK.held()
+    standin.resume(side)
+    return {"errors": errors, "held_after_misuse": held_after_misuse, "checked_calls": len(checked),
+            "held_after_call": held_after_call}
+
+
 PROGRAMS = {f.__name__: f for f in (basics, ordering, memory_functions, out_of_memory, record_use_shim,
-                                    record_use_fallback)}
+                                    record_use_fallback, record_use_fallback_misuse)}
 
 if __name__ == "__main__":
     print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))
