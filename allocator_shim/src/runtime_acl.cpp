@@ -161,15 +161,21 @@ Status q_copy_to_host(void* dst, const void* src, size_t size, int device, int* 
 }
 const char* q_error_string(int code) { return queue->error_string != nullptr ? queue->error_string(code) : ""; }
 
+// Expandable segments need the runtime's virtual-memory calls: not bound yet.
+const VirtualMemory* no_virtual_memory(std::string* why) {
+    *why = "this runtime's virtual-memory calls are not bound by the shim yet";
+    return nullptr;
+}
+
 const Runtime kAclQueued = {"acl",          acl_malloc,     q_free,       q_event_create, q_event_destroy,
                             q_event_record, q_event_query,  q_event_sync, q_stream_wait,  acl_capturing,
                             q_stream_sync,  acl_stream_device, acl_current_device, q_memset, q_copy_to_host,
-                            acl_memory_total, acl_device_count, q_error_string};
+                            acl_memory_total, acl_device_count, q_error_string, no_virtual_memory};
 
 const Runtime kAcl = {"acl",            acl_malloc,        acl_free,          acl_event_create,  acl_event_destroy,
                       acl_event_record, acl_event_query,   acl_event_sync,    acl_stream_wait,   acl_capturing,
                       acl_stream_sync,  acl_stream_device, acl_current_device, acl_memset,       acl_copy_to_host,
-                      acl_memory_total, acl_device_count, acl_error_string};
+                      acl_memory_total, acl_device_count, acl_error_string, no_virtual_memory};
 
 bool load(const char* library_path, std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_ACL_LIBRARY");

@@ -119,10 +119,16 @@ Status cu_memory_total(int device, size_t* total, int* code) {
 Status cu_device_count(int* count, int* code) { return status_of(api.GetDeviceCount(count), code); }
 const char* cu_error_string(int code) { return api.GetErrorString(code); }
 
+// Expandable segments need the runtime's virtual-memory calls: not bound yet.
+const VirtualMemory* no_virtual_memory(std::string* why) {
+    *why = "this runtime's virtual-memory calls are not bound by the shim yet";
+    return nullptr;
+}
+
 const Runtime kCuda = {"cuda",          cu_malloc,        cu_free,        cu_event_create,  cu_event_destroy,
                        cu_event_record, cu_event_query,   cu_event_sync,  cu_stream_wait,   cu_capturing,
                        cu_stream_sync,  cu_stream_device, cu_current_device, cu_memset,     cu_copy_to_host,
-                       cu_memory_total, cu_device_count, cu_error_string};
+                       cu_memory_total, cu_device_count, cu_error_string, no_virtual_memory};
 
 bool load(std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_CUDART");
