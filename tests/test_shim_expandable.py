@@ -307,3 +307,14 @@ def test_random_programs_keep_the_invariants_and_never_lose_live_memory(policy, 
         shim.reset()
         shim.sim.set_memory_limit(0)
         shim.set_policy("poll")
+
+
+@pytest.mark.parametrize("value, on", [("expandable_segments:True", True), ("expandable_segments:true", True),
+                                       ("max_split_size_mb:64, expandable_segments:True", True),
+                                       ("expandable_segments:False", False), ("", False),
+                                       ("max_split_size_mb:64", False)])
+def test_the_alloc_conf_variable_is_read_as_torch_reads_it(monkeypatch, value, on):
+    from npu_lifetime.shim.install import alloc_conf_expandable
+
+    monkeypatch.setenv("PYTORCH_NPU_ALLOC_CONF", value)
+    assert alloc_conf_expandable("PYTORCH_NPU_ALLOC_CONF") is on

@@ -169,6 +169,7 @@ void CachingAllocator::reset() {
     expansions_ = 0;
     expandable_ = false;
     expandable_warned_ = false;
+    vm_refused_ = false;
     policy_ = Policy::lazy_wait;
     quarantine_.configure(false, 0);
 }

@@ -457,7 +457,10 @@ Block* CachingAllocator::new_segment(Pool* p, size_t size, Stream stream) {
 }
 
 Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, int* code) {
-    if (__builtin_expect(expandable_, 0) && grows(p)) return try_grow(p, size, status, code);
+    if (__builtin_expect(expandable_, 0) && grows(p)) {
+        Block* b = try_grow(p, size, status, code);
+        if (b != nullptr || *status != Status::unsupported) return b;  // unsupported: a plain segment instead
+    }
     size_t bytes = segment_size_for(size, p->small);
     void* ptr = nullptr;
     SegmentSource source = p->id.eager() ? SegmentSource{} : graph_pools_.source(p->device, p->id);

@@ -186,6 +186,8 @@ class CachingAllocator {
 
     // expandable segments (expandable_segments.cpp)
     const VirtualMemory* virtual_memory();  // nullptr (warned once) when the runtime has none
+    void refuse_virtual_memory(const std::string& why);
+    void refused(Status* status, int code, const char* step);
     bool grows(const Pool* p);
     Block* try_grow(Pool* p, size_t size, Status* status, int* code);
     Segment* first_pages(Pool* p, size_t bytes, Status* status, int* code);
@@ -193,7 +195,7 @@ class CachingAllocator {
     void count_mapped(const Segment* seg, int64_t bytes);
     bool shrink_expandable(Segment* seg);
     bool stream_idle(const Segment* seg);
-    bool drop_expansion(Segment* seg);
+    bool forget_expansion(Segment* seg);
     bool hidden_expandable(const Block* b) const {  // the setting is off: torch leaves such blocks alone
         return expansions_ != 0 && !expandable_ && b->segment->expansion != nullptr;
     }
@@ -230,6 +232,7 @@ class CachingAllocator {
     int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
     bool expandable_ = false;
     bool expandable_warned_ = false;  // the runtime has no virtual memory: said once
+    bool vm_refused_ = false;         // ... or it failed at first use: plain segments
     int expansions_ = 0;              // expandable segments now
     bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device
     int device_count_ = 0;

@@ -8,7 +8,9 @@
 //   segment's last block is free (cached, no events) the new pages extend
 //   it, so blocks at the mapped end merge.  The range reserved is the
 //   device's memory plus an eighth (torch's); a request beyond what is left
-//   of it is out of memory.
+//   of it is out of memory.  A runtime without virtual-memory calls, or
+//   whose first reservation or mapping fails other than for lack of memory,
+//   is told once (a finding, a line on stderr) and gets plain segments.
 // - Shrink: empty_cache and the out-of-memory path unmap the whole pages of
 //   a free last block (cutting it at a page edge), after synchronising the
 //   segment's stream (torch's rule: an unmap does not wait for queued work);
@@ -52,7 +54,14 @@ bool CachingAllocator::expandable_segments() const {
 const VirtualMemory* CachingAllocator::virtual_memory() {
     std::string why;
     const VirtualMemory* vm = rt_->virtual_memory(&why);
-    if (vm != nullptr || expandable_warned_) return vm;
+    if (vm == nullptr) refuse_virtual_memory(why);
+    return vm;
+}
+
+// Expandable segments are off for good on this runtime: said once.
+void CachingAllocator::refuse_virtual_memory(const std::string& why) {
+    vm_refused_ = true;
+    if (expandable_warned_) return;
     expandable_warned_ = true;
     std::string text = std::string("expandable_segments is not supported on the ") + rt_->name + " runtime (" + why +
                        "); plain segments are used";
@@ -62,11 +71,20 @@ const VirtualMemory* CachingAllocator::virtual_memory() {
     f.op = "expandable_segments";
     f.detail = text;
     report(std::move(f));
-    return nullptr;
+}
+
+// The runtime has the calls but its first use failed (a device without
+// virtual-memory support, a stub): plain segments from now on, this
+// allocation's included (status unsupported).
+void CachingAllocator::refused(Status* status, int code, const char* step) {
+    const char* words = rt_->error_string(code);
+    refuse_virtual_memory(std::string(step) + " failed: error " + std::to_string(code) +
+                          (words != nullptr && *words ? std::string(", ") + words : std::string()));
+    *status = Status::unsupported;
 }
 
 bool CachingAllocator::grows(const Pool* p) {
-    return expandable_ && p->id.eager() && virtual_memory() != nullptr;
+    return expandable_ && p->id.eager() && !vm_refused_ && virtual_memory() != nullptr;
 }
 
 // A block of `size` bytes from the pool's expandable segment, made or
@@ -106,7 +124,10 @@ Segment* CachingAllocator::first_pages(Pool* p, size_t size, Status* status, int
     size_t page = p->small ? kSmallPage : kLargePage;
     size_t capacity = total != 0 ? total + total / 8 : round_up(size, page);
     Expansion* e = reserve_expansion(virtual_memory(), p->device, page, capacity, status, code);
-    if (e == nullptr) return nullptr;
+    if (e == nullptr) {
+        if (*status != Status::out_of_memory) refused(status, *code, "reserving an address range");
+        return nullptr;
+    }
     size_t bytes = round_up(size, e->page);
     if (bytes > e->capacity || over_fraction(p->device, bytes, code)) {
         *status = Status::out_of_memory;
@@ -117,6 +138,7 @@ Segment* CachingAllocator::first_pages(Pool* p, size_t size, Status* status, int
         Status undo = Status::ok;
         int c = 0;
         release_expansion(e, &undo, &c);
+        if (*status != Status::out_of_memory) refused(status, *code, "mapping the first pages");
         return nullptr;
     }
     Block* b = new_block();
@@ -167,34 +189,31 @@ bool CachingAllocator::shrink_expandable(Segment* seg) {
     Block* tail = Segments::last(seg);
     if (tail->state != BlockState::cached || !tail->held.empty()) return false;
     size_t keep = round_up(static_cast<size_t>(tail->ptr - seg->base), e->page);
-    if (keep == seg->size) return false;  // no whole page free at the end
-    if (!stream_idle(seg)) return false;
-    if (keep == 0) return drop_expansion(seg);
-    size_t bytes = seg->size - keep;
+    if (keep == seg->size || !stream_idle(seg)) return false;  // no whole page free at the end
     int code = 0;
-    Status s = unmap_pages(*e, bytes / e->page, &code);
-    if (s != Status::ok) runtime_error("unmap", code, tail, nullptr);
-    if (e->mapped() != keep) return false;  // the unmap itself failed: nothing changed
+    if (unmap_pages(*e, (seg->size - keep) / e->page, &code) != Status::ok) {
+        runtime_error("unmap", code, tail, nullptr);
+    }
+    size_t bytes = seg->size - e->mapped();
+    if (bytes == 0) return false;
+    count_mapped(seg, -static_cast<int64_t>(bytes));
+    if (e->mapped() == 0) return forget_expansion(seg);
     pool_erase(tail);
-    if (Block* gone = Segments::truncate(seg, seg->base + keep)) {
+    if (Block* gone = Segments::truncate(seg, seg->base + e->mapped())) {
         recycle_block(gone);
     } else {
         pool_insert(tail);
     }
-    count_mapped(seg, -static_cast<int64_t>(bytes));
     return false;
 }
 
-// The segment is one free block: every page unmapped, its range back.
-bool CachingAllocator::drop_expansion(Segment* seg) {
+// Nothing is mapped any more: the range goes back, the segment's one block
+// is recycled, and the segment is forgotten (true: the caller removes it).
+bool CachingAllocator::forget_expansion(Segment* seg) {
     Block* b = seg->first;
     Status s = Status::ok;
     int code = 0;
-    size_t bytes = seg->size;
-    if (!release_expansion(seg->expansion, &s, &code)) {
-        runtime_error("unmap", code, b, nullptr);
-        return false;
-    }
+    release_expansion(seg->expansion, &s, &code);  // nothing mapped: it goes
     if (s != Status::ok) runtime_error("release(expandable segment)", code, b, nullptr);
     seg->expansion = nullptr;
     expansions_--;
@@ -202,7 +221,6 @@ bool CachingAllocator::drop_expansion(Segment* seg) {
     trace(TraceKind::segment_free, b, nullptr);
     pool_erase(b);
     recycle_block(b);
-    count_mapped(seg, -static_cast<int64_t>(bytes));
     return true;
 }
 

@@ -14,6 +14,7 @@ Status map_one(Expansion& e, int* code) {
     char* at = e.base + e.mapped();
     Status s = e.vm->create(&chunk, e.page, e.device, code);
     if (s != Status::ok) return s;
+    if (chunk == nullptr) return Status::unsupported;  // "success" with nothing: a stub
     int undo = 0;
     if ((s = e.vm->map(at, e.page, chunk, e.device, code)) != Status::ok) {
         e.vm->release(chunk, e.device, &undo);
@@ -42,6 +43,7 @@ Expansion* reserve_expansion(const VirtualMemory* vm, int device, size_t page, s
     e->capacity = round_up(capacity, e->page);
     void* base = nullptr;
     *status = vm->reserve(&base, e->capacity, device, code);
+    if (*status == Status::ok && base == nullptr) *status = Status::unsupported;  // "success" with nothing: a stub
     if (*status != Status::ok) {
         delete e;
         return nullptr;
@@ -66,24 +68,24 @@ Status map_pages(Expansion& e, size_t pages, int* code) {
     return Status::ok;
 }
 
+// Page by page from the end (ACL unmaps one mapping per call): a failure
+// stops there, with the pages after it unmapped and released.
 Status unmap_pages(Expansion& e, size_t pages, int* code) {
-    if (pages == 0) return Status::ok;
     if (pages > e.chunks.size()) return Status::error;
-    size_t bytes = pages * e.page;
-    char* at = e.base + e.mapped() - bytes;
-    Status s = e.vm->unmap(at, bytes, e.device, code);
-    if (s != Status::ok) return s;
-    // The pages are unmapped: their chunks go whatever release says (a
-    // failure is reported; the memory is the runtime's to reclaim).
     Status released = Status::ok;
-    for (size_t i = e.chunks.size() - pages; i < e.chunks.size(); ++i) {
+    for (size_t i = 0; i < pages; ++i) {
+        char* at = e.base + e.mapped() - e.page;
+        Status s = e.vm->unmap(at, e.page, e.device, code);
+        if (s != Status::ok) return s;
+        // Unmapped, the page is gone whatever the chunk's release says (a
+        // failure is told; the memory is the runtime's to reclaim).
         int c = 0;
-        if (e.vm->release(e.chunks[i], e.device, &c) != Status::ok && released == Status::ok) {
+        if (e.vm->release(e.chunks.back(), e.device, &c) != Status::ok && released == Status::ok) {
             released = Status::error;
             *code = c;
         }
+        e.chunks.pop_back();
     }
-    e.chunks.resize(e.chunks.size() - pages);
     return released;
 }
 

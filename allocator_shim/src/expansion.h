@@ -36,9 +36,10 @@ Expansion* reserve_expansion(const VirtualMemory* vm, int device, size_t page, s
                              int* code);
 // Maps `pages` more pages at the end (all or none).
 Status map_pages(Expansion& e, size_t pages, int* code);
-// Unmaps the last `pages` pages and releases their chunks.  Unmapped, the
-// pages are gone even when a chunk's release fails (then an error status):
-// mapped() tells what is left.
+// Unmaps the last `pages` pages, one by one from the end, and releases
+// their chunks.  A failed unmap stops there; an unmapped page is gone even
+// when its chunk's release fails (both give an error status): mapped()
+// tells what is left.
 Status unmap_pages(Expansion& e, size_t pages, int* code);
 // Unmaps every page, gives the range back and deletes `e`: true (with an
 // error status if a chunk's release or the range's return failed: the
