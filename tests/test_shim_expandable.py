@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import S1, S2
-from shim_testing import check_invariants, sim_completed, sim_fail_next
+from shim_testing import check_invariants, sim_calls, sim_completed, sim_fail_next
 
 MB = 1 << 20
 # (size class, bytes per page, a request of that class)
@@ -144,6 +144,23 @@ def test_a_cached_block_carrying_an_event_is_not_unmapped_by_the_oom_path_before
     assert xshim.alloc(100 * MB, 0, S2) == 0
     check_invariants()
     assert xshim.sim.event_syncs() > 0  # its event was waited for before the pages went
+    xshim.free(keep, 6 * MB, 0, S1)
+
+
+def test_the_pages_of_a_capturing_streams_segment_stay_mapped(xshim):
+    """An unmap first synchronises the segment's stream; during a capture on
+    it that would invalidate the capture: the pages wait for the next empty_cache."""
+    keep = xshim.alloc(6 * MB, 0, S1)
+    b = xshim.alloc(30 * MB, 0, S1)
+    xshim.free(b, 30 * MB, 0, S1)
+    xshim.sim.set_capturing(S1, True)
+    syncs = sim_calls("stream_synchronize")
+    xshim.empty_cache()
+    assert sim_calls("stream_synchronize") == syncs and reserved(xshim) == 40 * MB
+    check_invariants()
+    xshim.sim.set_capturing(S1, False)
+    xshim.empty_cache()
+    assert reserved(xshim) == 20 * MB and sim_calls("stream_synchronize") == syncs + 1
     xshim.free(keep, 6 * MB, 0, S1)
 
 

@@ -174,8 +174,10 @@ void CachingAllocator::count_mapped(const Segment* seg, int64_t bytes) {
 
 // Unlike a runtime free, an unmap need not wait for work queued on the
 // memory: the segment's stream (every other stream's use was waited for
-// through events before its block became free) is synchronised first.
+// through events before its block became free) is synchronised first; not
+// while it captures (that would invalidate the capture): the pages stay.
 bool CachingAllocator::stream_idle(const Segment* seg) {
+    if (capturing(seg->stream)) return false;
     int code = 0;
     if (rt_->stream_synchronize(seg->stream, &code) == Status::ok) return true;
     runtime_error("stream_synchronize(unmap)", code, seg->first, seg->stream);
