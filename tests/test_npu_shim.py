@@ -68,3 +68,13 @@ def test_record_use_under_the_shim_puts_one_use_event_on_the_block():
 def test_record_use_over_torch_npus_own_allocator_holds_then_releases_without_another_call():
     r = run("record_use_fallback")
     assert r["held_while_paused"] == 1 and r["held_after"] == 0 and r["y_ok"]
+
+
+@requires_standin
+def test_expandable_segments_from_the_npu_alloc_conf():
+    """PYTORCH_NPU_ALLOC_CONF=expandable_segments:True, as torch_npu users set
+    it, over the stand-in's virtual memory (aclrtReserveMemAddress, ...)."""
+    r = run("expandable", env={"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"})
+    assert r["expandable_setting"] and r["findings"] == [], r
+    assert r["large_segments"] == r["large_expandable"] == 1 and r["in_place"] and r["values_ok"], r
+    assert r["reserved_after"] < r["reserved_before"]

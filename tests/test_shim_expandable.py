@@ -259,6 +259,23 @@ def test_an_unsupported_runtime_warns_once_and_uses_plain_segments(acl_shim, cap
     shim.set_expandable_segments(False)
 
 
+@pytest.mark.parametrize("call", ["vm_reserve", "vm_create"])
+def test_a_runtime_whose_virtual_memory_fails_at_first_use_gets_plain_segments(xshim, capfd, call):
+    """A device without virtual-memory support (or a stub): the first
+    reservation or mapping fails other than for lack of memory."""
+    sim_fail_next(call, 1)
+    a = xshim.alloc(6 * MB, 0, S1)
+    b = xshim.alloc(6 * MB, 0, S2)  # no second try: refused for good
+    assert a and b
+    [f] = xshim.findings()
+    assert f["kind"] == "unsupported_setting" and "failed: error 1" in f["detail"]
+    assert capfd.readouterr().err.count("expandable_segments is not supported on the sim runtime") == 1
+    segments = xshim.snapshot()["segments"]
+    assert len(segments) == 2 and not any(s["is_expandable"] for s in segments)
+    assert sim_calls("vm_reserve") == 1
+    check_invariants()
+
+
 STREAMS = (S1, S2)
 SIZES = (512, 100_000, MB, 3 * MB, 6 * MB, 25 * MB)
 op = st.one_of(

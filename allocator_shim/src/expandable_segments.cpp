@@ -77,9 +77,10 @@ void CachingAllocator::refuse_virtual_memory(const std::string& why) {
 // virtual-memory support, a stub): plain segments from now on, this
 // allocation's included (status unsupported).
 void CachingAllocator::refused(Status* status, int code, const char* step) {
-    const char* words = rt_->error_string(code);
-    refuse_virtual_memory(std::string(step) + " failed: error " + std::to_string(code) +
-                          (words != nullptr && *words ? std::string(", ") + words : std::string()));
+    const char* words = code != 0 ? rt_->error_string(code) : nullptr;
+    refuse_virtual_memory(code == 0 ? std::string(step) + " reported success but gave nothing back (a stub?)"
+                                    : std::string(step) + " failed: error " + std::to_string(code) +
+                                          (words != nullptr && *words ? std::string(", ") + words : std::string()));
     *status = Status::unsupported;
 }
 
