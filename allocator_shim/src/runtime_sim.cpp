@@ -440,8 +440,14 @@ uint64_t completed(Stream stream) {
     return it == s.streams.end() ? 0 : it->second.completed;
 }
 
-void lock_for_fork() { state().mu.lock(); }
-void unlock_after_fork() { state().mu.unlock(); }
+void lock_for_fork() {
+    state().mu.lock();
+    detail::lock_virtual_memory();  // the order every path takes them in
+}
+void unlock_after_fork() {
+    detail::unlock_virtual_memory();
+    state().mu.unlock();
+}
 
 }  // namespace sim
 

@@ -45,6 +45,8 @@ Status call_status(const char* call, int* code);  // counts `call`; an injected 
 Status charge(size_t bytes, int* code);  // device memory taken, within the limit
 void refund(size_t bytes);
 Status invalid(int* code);
+void lock_virtual_memory();  // fork: after the runtime's own lock
+void unlock_virtual_memory();
 }  // namespace detail
 
 }  // namespace npl::sim

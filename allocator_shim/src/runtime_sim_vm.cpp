@@ -238,6 +238,9 @@ namespace detail {
 
 const VirtualMemory* virtual_memory(std::string*) { return &kSimVm; }
 
+void lock_virtual_memory() { vm().mu.lock(); }
+void unlock_virtual_memory() { vm().mu.unlock(); }
+
 bool accessible(const void* ptr, size_t size) {
     VmState& s = vm();
     std::lock_guard<std::mutex> lock(s.mu);
