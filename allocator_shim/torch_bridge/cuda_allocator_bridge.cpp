@@ -23,6 +23,13 @@
 //   (the context recorder takes the GIL): History's mutex guards only its
 //   own containers;
 // - no C++ exception leaves the extern "C" functions.
+// torch's build flag for "built with the CUDA driver API" (every CUDA wheel
+// is): CUDAAllocatorConfig::expandable_segments() is inline, and without the
+// flag an extension's copy answers false (with a warning) whatever the
+// setting.  The bridge runs inside such a torch, so it reads the setting.
+#ifndef PYTORCH_C10_DRIVER_API_SUPPORTED
+#define PYTORCH_C10_DRIVER_API_SUPPORTED 1
+#endif
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
