@@ -80,3 +80,13 @@ def test_record_use_over_torch_npus_own_allocator_refuses_misuse_with_what_to_pa
     assert "freed storage" in errors["freed storage"], errors
     assert r["held_after_misuse"] == 0
     assert r["checked_calls"] == 0 and r["held_after_call"] == 1  # a proper call stays on the fast path
+
+
+@requires_standin
+def test_expandable_segments_from_the_npu_alloc_conf():
+    """PYTORCH_NPU_ALLOC_CONF=expandable_segments:True, as torch_npu users set
+    it, over the stand-in's virtual memory (aclrtReserveMemAddress, ...)."""
+    r = run("expandable", env={"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"})
+    assert r["expandable_setting"] and r["findings"] == [], r
+    assert r["large_segments"] == r["large_expandable"] == 1 and r["in_place"] and r["values_ok"], r
+    assert r["reserved_after"] < r["reserved_before"]

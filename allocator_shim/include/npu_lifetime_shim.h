@@ -50,6 +50,14 @@ enum npl_policy {
 int npl_set_policy(int policy); /* 0, or -1 for an unknown policy */
 int npl_get_policy(void);
 
+/* Expandable segments (torch's expandable_segments:True): new memory of the
+ * eager pool grows one segment per (device, stream, size class) by mapping
+ * pages at its end.  Applies to the allocations that follow; segments made
+ * before stay as they are.  A runtime without virtual-memory calls warns once
+ * and keeps plain segments.  Off by default. */
+void npl_set_expandable_segments(int enabled);
+int npl_get_expandable_segments(void);
+
 /* Debug mode: freed blocks are filled with 0xFF (NaN for every float type)
  * once really free, and quarantined (FIFO, up to `quarantine_bytes`) before
  * reuse; a block leaving quarantine is checked for writes after its free. */
@@ -121,6 +129,8 @@ struct npl_block_record {
     int32_t small;      /* from the small-block pool */
     int32_t state;      /* enum npl_block_state */
     int32_t events;     /* use events and held events it carries */
+    int32_t expandable; /* the segment is expandable (grows by mapping pages) */
+    int32_t reserved_;  /* zero */
 };
 /* Writes up to `capacity` records; returns how many there are. */
 size_t npl_block_records(struct npl_block_record* out, size_t capacity);
@@ -216,6 +226,12 @@ uint64_t npl_sim_event_syncs(void);            /* host waits on events */
 int npl_sim_fail_next(const char* call, uint64_t n);
 uint64_t npl_sim_calls(const char* call);     /* calls of that function so far (UINT64_MAX: unknown) */
 uint64_t npl_sim_completed(void* stream);     /* operations of `stream` that have run */
+/* The simulated virtual memory (expandable segments). */
+uint64_t npl_sim_mapped_bytes(void);          /* physical chunks mapped now */
+uint64_t npl_sim_reserved_bytes(void);        /* address space reserved now */
+int npl_sim_accessible(const void* ptr, size_t size); /* 1: a kernel may touch it (malloc'd or mapped) */
+uint64_t npl_sim_illegal_accesses(void);      /* fills / reads refused: unmapped memory */
+int npl_sim_fill(void* stream, void* ptr, int byte, size_t size); /* a kernel writing `byte`; -1 refused */
 
 #ifdef __cplusplus
 }

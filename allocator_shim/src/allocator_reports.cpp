@@ -87,7 +87,7 @@ std::string CachingAllocator::snapshot_json() const {
     segments_.for_each([&](const Segment* seg) {
         j.open_object().key("address").pointer(seg->base).key("size").value(static_cast<uint64_t>(seg->size));
         j.key("device").value(seg->device).key("stream").pointer(seg->stream);
-        j.key("pool").value(seg->small ? "small" : "large");
+        j.key("pool").value(seg->small ? "small" : "large").key("is_expandable").value(seg->expansion != nullptr);
         j.key("graph_pool").open_array().value(seg->pool_id.first).value(seg->pool_id.second).close_array();
         j.key("blocks").open_array();
         for (const Block* b = seg->first; b != nullptr; b = b->next) block_json(j, b);
@@ -123,6 +123,7 @@ std::vector<npl_block_record> CachingAllocator::block_records() const {
             r.small = seg->small ? 1 : 0;
             r.state = record_state(b->state);
             r.events = static_cast<int32_t>(b->uses.size() + b->held.size());
+            r.expandable = seg->expansion != nullptr ? 1 : 0;
             out.push_back(r);
         }
     });
@@ -165,6 +166,10 @@ void CachingAllocator::reset() {
     trace_.clear();
     stats_.clear();
     fractions_.clear();
+    expansions_ = 0;
+    expandable_ = false;
+    expandable_warned_ = false;
+    vm_refused_ = false;
     policy_ = Policy::lazy_wait;
     quarantine_.configure(false, 0);
 }

@@ -52,6 +52,7 @@ struct StreamUse {
 
 struct Segment;
 struct Block;
+struct Expansion;
 struct Pool;
 struct DeviceStats;
 
@@ -101,6 +102,9 @@ struct Segment {
     PoolId pool_id;
     Block* first = nullptr;
     SegmentSource source;  // kept with the segment: it outlives its pool
+    // An expandable segment's address range (expansion.h; its `size` is the
+    // mapped part); nullptr for a plain segment.  Owned: released with it.
+    Expansion* expansion = nullptr;
 };
 
 // The cached blocks of one (device, stream, size class, graph pool).
@@ -111,6 +115,7 @@ struct Pool {
     PoolId id;
     bool no_split = false;  // torch.cuda.MemPool(no_split=True): each block is its whole segment
     DeviceStats* stats = nullptr;  // its device's
+    Segment* expandable = nullptr;  // the segment it grows (expandable segments), if any
     BlockSet blocks;
 };
 

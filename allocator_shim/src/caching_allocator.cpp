@@ -128,8 +128,12 @@ std::string hex_address(const void* p) {
 bool worth_splitting(const Block* b, size_t size) {
     if (b->pool->no_split) return false;
     size_t rest = b->size - size;
-    return b->small ? rest >= kRound : rest > kSmallLimit;
+    return b->small || b->segment->expansion != nullptr ? rest >= kRound : rest > kSmallLimit;
 }
+
+// Counted in inactive_split: a split block of a plain segment (torch leaves
+// expandable segments out: their free pages can always go back).
+bool counts_as_split(const Block* b) { return b->split() && b->segment->expansion == nullptr; }
 
 }  // namespace
 
@@ -390,6 +394,7 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
 Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
     int frozen = -1;  // asked once, only if a block with events comes up
     for (Block* b = p->blocks.at_least(size); b != nullptr; b = p->blocks.after(b)) {
+        if (hidden_expandable(b)) continue;
         if (!b->held.empty()) {
             if (frozen < 0) frozen = queries_frozen() || capturing(stream) ? 1 : 0;
             if (frozen) continue;
@@ -411,7 +416,7 @@ void CachingAllocator::take(Block* b, size_t size) {
         pool_erase(b);
         return;
     }
-    if (b->split() && b->held.empty()) {  // the common case, as torch counts it: a split block shrinks
+    if (counts_as_split(b) && b->held.empty()) {  // the common case, as torch counts it: a split block shrinks
         Block* rest = split_off(b, size);
         b->pool->blocks.replace(b, rest, BlockSet::Order::smaller);
         b->pool->stats->shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(size));
@@ -452,6 +457,10 @@ Block* CachingAllocator::new_segment(Pool* p, size_t size, Stream stream) {
 }
 
 Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, int* code) {
+    if (__builtin_expect(expandable_, 0) && grows(p)) {
+        Block* b = try_grow(p, size, status, code);
+        if (b != nullptr || *status != Status::unsupported) return b;  // unsupported: a plain segment instead
+    }
     size_t bytes = segment_size_for(size, p->small);
     void* ptr = nullptr;
     SegmentSource source = p->id.eager() ? SegmentSource{} : graph_pools_.source(p->device, p->id);
@@ -519,7 +528,7 @@ void CachingAllocator::pool_erase(Block* b) {
 // the two.
 template <int Sign>
 void CachingAllocator::count_cached(const Block* b) {
-    bool split = b->split(), waiting = !b->held.empty();
+    bool split = counts_as_split(b), waiting = !b->held.empty();
     if (!split && !waiting) return;
     DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
@@ -550,7 +559,7 @@ void CachingAllocator::cache_block(Block* b) {
     for (Block* n : {b->prev, b->next}) {
         if (n == nullptr || n->state != BlockState::cached) continue;
         if (seat == nullptr) {  // it leaves the pool when b takes its node
-            plain_seat = n->split() && n->held.empty();
+            plain_seat = counts_as_split(n) && n->held.empty();
             if (!plain_seat) count_cached<-1>(n);
             seat = n;
             seat_size = n->size;
@@ -565,7 +574,7 @@ void CachingAllocator::cache_block(Block* b) {
     if (seat != nullptr) {
         b->pool->blocks.replace(seat, b, BlockSet::Order::larger);
         recycle_block(seat);
-        if (plain_seat && b->split() && b->held.empty()) {  // the common case, as torch counts it: it grows
+        if (plain_seat && counts_as_split(b) && b->held.empty()) {  // the common case, as torch counts it: it grows
             b->pool->stats->grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size - seat_size));
         } else {
             if (plain_seat) uncount_plain_split(b, seat_size);

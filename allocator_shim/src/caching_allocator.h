@@ -56,6 +56,11 @@ class CachingAllocator {
 
     void set_policy(Policy p);
     Policy policy() const;
+    // Expandable segments (expandable_segments.cpp): new eager-pool memory
+    // grows one segment per (device, stream, size class) by mapping pages.
+    // Takes effect for the next allocations; segments already made stay.
+    void set_expandable_segments(bool on);
+    bool expandable_segments() const;
     // Debug mode: freed blocks are poisoned and quarantined (0: off).
     void set_debug(bool enabled, size_t quarantine_bytes);
     bool debug() const;
@@ -132,6 +137,7 @@ class CachingAllocator {
     Block* out_of_memory_path(Pool* pool, size_t size, Stream stream, Status first, int code);
     Block* take_from_use_on_oom_pools(const Pool* eager, size_t size, Stream stream);
     Status device_malloc(void** ptr, size_t bytes, int device, int* code);
+    bool over_fraction(int device, size_t bytes, int* code);
     Status segment_malloc(const SegmentSource& source, void** ptr, size_t bytes, int device, Stream stream, int* code);
     Status segment_free(const Segment* seg, int* code);
     void split(Block* b, size_t size);
@@ -178,6 +184,22 @@ class CachingAllocator {
     void trim_quarantine(bool all);
     void check_poison(Block* b);
 
+    // expandable segments (expandable_segments.cpp)
+    const VirtualMemory* virtual_memory();  // nullptr (warned once) when the runtime has none
+    void refuse_virtual_memory(const std::string& why);
+    void refused(Status* status, int code, const char* step);
+    bool grows(const Pool* p);
+    Block* try_grow(Pool* p, size_t size, Status* status, int* code);
+    Segment* first_pages(Pool* p, size_t bytes, Status* status, int* code);
+    Block* more_pages(Segment* seg, size_t bytes, Status* status, int* code);
+    void count_mapped(const Segment* seg, int64_t bytes);
+    bool shrink_expandable(Segment* seg);
+    bool stream_idle(const Segment* seg);
+    bool forget_expansion(Segment* seg);
+    bool hidden_expandable(const Block* b) const {  // the setting is off: torch leaves such blocks alone
+        return expansions_ != 0 && !expandable_ && b->segment->expansion != nullptr;
+    }
+
     // segments
     void release_free_segments(int device, bool any_device);
     void release_pool_segments(int device, PoolId id);
@@ -208,6 +230,10 @@ class CachingAllocator {
     std::vector<double> fractions_;  // per device, as torch's: 1 (the default) the whole device, 0 nothing
     static thread_local char* claim_;
     int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
+    bool expandable_ = false;
+    bool expandable_warned_ = false;  // the runtime has no virtual memory: said once
+    bool vm_refused_ = false;         // ... or it failed at first use: plain segments
+    int expansions_ = 0;              // expandable segments now
     bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device
     int device_count_ = 0;
 };

@@ -144,6 +144,14 @@ NPL_EXPORT int npl_get_policy(void) {
     return guarded("get_policy", -1, [] { return static_cast<int>(shim().allocator.policy()); });
 }
 
+NPL_EXPORT void npl_set_expandable_segments(int enabled) {
+    guarded_void("set_expandable_segments", [&] { shim().allocator.set_expandable_segments(enabled != 0); });
+}
+
+NPL_EXPORT int npl_get_expandable_segments(void) {
+    return guarded("get_expandable_segments", 0, [] { return shim().allocator.expandable_segments() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_set_debug(int enabled, uint64_t quarantine_bytes) {
     guarded_void("set_debug", [&] { shim().allocator.set_debug(enabled != 0, quarantine_bytes); });
 }
@@ -433,3 +441,11 @@ NPL_EXPORT uint64_t npl_sim_event_syncs(void) { return npl::sim::event_syncs(); 
 NPL_EXPORT int npl_sim_fail_next(const char* call, uint64_t n) { return npl::sim::fail_next(call, n) ? 0 : -1; }
 NPL_EXPORT uint64_t npl_sim_calls(const char* call) { return npl::sim::calls(call); }
 NPL_EXPORT uint64_t npl_sim_completed(void* stream) { return npl::sim::completed(stream); }
+NPL_EXPORT uint64_t npl_sim_mapped_bytes(void) { return npl::sim::mapped_bytes(); }
+NPL_EXPORT uint64_t npl_sim_reserved_bytes(void) { return npl::sim::reserved_bytes(); }
+NPL_EXPORT int npl_sim_accessible(const void* ptr, size_t size) { return npl::sim::accessible(ptr, size) ? 1 : 0; }
+NPL_EXPORT uint64_t npl_sim_illegal_accesses(void) { return npl::sim::illegal_accesses(); }
+NPL_EXPORT int npl_sim_fill(void* stream, void* ptr, int byte, size_t size) {
+    int code = 0;
+    return npl::sim_runtime()->memset_async(ptr, byte, size, stream, &code) == npl::Status::ok ? 0 : -1;
+}

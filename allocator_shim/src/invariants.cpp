@@ -62,13 +62,23 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
     };
     std::unordered_map<const Pool*, size_t> cached_in;
     size_t pending_blocks = 0, deferred_blocks = 0, quarantined_blocks = 0;
+    int expandable_segments = 0;
+    std::unordered_set<const Segment*> expandable_seen;
 
     // The segments and the blocks that tile them (segments.h states those
     // invariants); then each block in its state, pool and statistics.
     segments_.check(fail);
     segments_.for_each([&](const Segment* seg) {
         Recount& r = recount[seg->device];
-        r.add(StatId::segment, seg->small, 1);
+        if (seg->expansion == nullptr) r.add(StatId::segment, seg->small, 1);  // torch counts plain ones
+        if (seg->expansion != nullptr) {
+            expandable_segments++;
+            expandable_seen.insert(seg);
+            const Pool* owner = seg->first->pool;
+            if (owner == nullptr || owner->expandable != seg) {
+                fail("expandable segment " + hex(seg->base) + " is not the one its pool grows");
+            }
+        }
         r.add(StatId::reserved_bytes, seg->small, static_cast<int64_t>(seg->size));
         const Block* prev = nullptr;
         for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
@@ -127,7 +137,7 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
                     break;
                 case BlockState::cached:
                     cached_in[p]++;
-                    if (b->split()) {
+                    if (b->split() && seg->expansion == nullptr) {
                         r.add(StatId::inactive_split, b->small, 1);
                         r.add(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
                     }
@@ -153,7 +163,15 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
             fail("pool (device " + std::to_string(p.device) + ", stream " + hex(p.stream) + ") holds " +
                  std::to_string(n) + " blocks, " + std::to_string(cached) + " are cached in it");
         }
+        if (p.expandable != nullptr && (expandable_seen.count(p.expandable) == 0 || !p.id.eager())) {
+            fail("pool (device " + std::to_string(p.device) + ", stream " + hex(p.stream) +
+                 ") grows a segment that is not an expandable segment of the eager pool");
+        }
     });
+    if (expandable_segments != expansions_) {
+        fail(std::to_string(expansions_) + " expandable segments counted, " + std::to_string(expandable_segments) +
+             " exist");
+    }
     size_t cached_blocks = 0;
     for (const auto& entry : cached_in) cached_blocks += entry.second;
     if (cached_total != cached_blocks) fail("cached blocks outside any pool's set");

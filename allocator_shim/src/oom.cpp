@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "caching_allocator.h"
+#include "expansion.h"
 
 namespace npl {
 
@@ -36,19 +37,20 @@ std::string device_word(const char* runtime, int device) {
 const std::string& last_oom_message() { return oom_message; }
 void set_last_failure(std::string why) { oom_message = std::move(why); }
 
-Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int* code) {
+// Whether reserving `bytes` more would pass the device's memory fraction.
+bool CachingAllocator::over_fraction(int device, size_t bytes, int* code) {
     double fraction = static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 1.0;
-    if (fraction < 1.0) {
-        size_t total = 0;
-        if (rt_->memory_total(device, &total, code) == Status::ok) {
-            auto limit = static_cast<uint64_t>(fraction * static_cast<double>(total));
-            auto reserved = static_cast<uint64_t>(dstats(device).get(StatId::reserved_bytes).current);
-            if (reserved + bytes > limit) {
-                *code = 0;
-                return Status::out_of_memory;
-            }
-        }
-    }
+    if (fraction >= 1.0) return false;
+    size_t total = 0;
+    if (rt_->memory_total(device, &total, code) != Status::ok) return false;
+    auto limit = static_cast<uint64_t>(fraction * static_cast<double>(total));
+    auto reserved = static_cast<uint64_t>(dstats(device).get(StatId::reserved_bytes).current);
+    *code = 0;
+    return reserved + bytes > limit;
+}
+
+Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int* code) {
+    if (over_fraction(device, bytes, code)) return Status::out_of_memory;
     return rt_->malloc(ptr, bytes, device, code);
 }
 
@@ -62,6 +64,10 @@ Status CachingAllocator::segment_malloc(const SegmentSource& source, void** ptr,
 }
 
 Status CachingAllocator::segment_free(const Segment* seg, int* code) {
+    if (seg->expansion != nullptr) {  // (reset) every page and the range
+        Status s = Status::ok;
+        return release_expansion(seg->expansion, &s, code) ? s : Status::error;
+    }
     if (seg->source.alloc == nullptr) return rt_->free(seg->base, seg->device, code);
     seg->source.free(seg->base, seg->size, seg->device, seg->stream, seg->source.ctx);
     return Status::ok;
@@ -203,8 +209,9 @@ bool CachingAllocator::segment_releasable(const Segment* seg) const {
 void CachingAllocator::release_free_segments(int device, bool any_device) {
     if (queries_frozen()) return;
     segments_.remove_if([&](Segment* seg) {
-        bool mine = any_device || seg->device == device;
-        return mine && segment_releasable(seg) && release_segment(seg);
+        if (!any_device && seg->device != device) return false;
+        if (seg->expansion != nullptr) return shrink_expandable(seg);
+        return segment_releasable(seg) && release_segment(seg);
     });
 }
 

@@ -13,6 +13,23 @@ using Event = void*;
 
 enum class Status { ok, not_ready, out_of_memory, unsupported, error };
 
+// Virtual memory, for expandable segments: an address range reserved once
+// and backed page by page by physical chunks mapped at offsets in it (CUDA's
+// cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess, ACL's
+// aclrtReserveMemAddress / aclrtMallocPhysical / aclrtMapMem).  Sizes and
+// offsets are multiples of `granularity`.  Physical chunks count as device
+// memory (out_of_memory when there is none); a reservation does not.
+struct VirtualMemory {
+    Status (*granularity)(int device, size_t* bytes, int* code);
+    Status (*reserve)(void** base, size_t size, int device, int* code);
+    Status (*unreserve)(void* base, size_t size, int device, int* code);  // nothing mapped in it any more
+    Status (*create)(void** chunk, size_t size, int device, int* code);    // a physical chunk
+    Status (*release)(void* chunk, int device, int* code);                 // gone once unmapped too
+    Status (*map)(void* at, size_t size, void* chunk, int device, int* code);
+    Status (*set_access)(void* at, size_t size, int device, int* code);  // read/write for `device`
+    Status (*unmap)(void* at, size_t size, int device, int* code);
+};
+
 // Every call returns its status; `code` receives the runtime's own code.
 // Events belong to the device current at their creation (CUDA and ACL
 // alike), so `event_create` takes the device of the stream the event will be
@@ -36,6 +53,9 @@ struct Runtime {
     Status (*memory_total)(int device, size_t* total, int* code);
     Status (*device_count)(int* count, int* code);
     const char* (*error_string)(int code);  // the runtime's words for a status code ("" if none)
+    // Its virtual-memory operations, loaded on first use; nullptr (and `why`)
+    // when the runtime has none.
+    const VirtualMemory* (*virtual_memory)(std::string* why);
 };
 
 // Each returns nullptr and explains in `why` when the runtime can't be loaded.

@@ -161,15 +161,113 @@ Status q_copy_to_host(void* dst, const void* src, size_t size, int device, int* 
 }
 const char* q_error_string(int code) { return queue->error_string != nullptr ? queue->error_string(code) : ""; }
 
+// ---- virtual memory, for expandable segments (aclrtReserveMemAddress,
+// aclrtMallocPhysical, aclrtMapMem, ...): optional, CANN 8 and later.  ACL
+// maps with access (no set-access call) and unmaps one mapping per call.
+constexpr int kMemHandleNone = 0;      // ACL_MEM_HANDLE_TYPE_NONE
+constexpr int kAllocationPinned = 0;   // ACL_MEM_ALLOCATION_TYPE_PINNED
+constexpr int kHbmMemHuge = 4;         // ACL_HBM_MEM_HUGE
+constexpr int kLocationDevice = 1;     // ACL_MEM_LOCATION_TYPE_DEVICE
+constexpr int kGranularityRecommended = 1;  // ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED
+constexpr size_t kDefaultGranularity = size_t(2) << 20;  // without aclrtMemGetAllocationGranularity
+
+struct PhysicalMemProp {  // aclrtPhysicalMemProp
+    int handle_type;
+    int allocation_type;
+    int mem_attr;
+    struct {
+        uint32_t id;
+        int type;
+    } location;
+    uint64_t reserve;
+};
+static_assert(sizeof(PhysicalMemProp) == 32, "acl_rt.h's layout");
+
+struct VmApi {
+    aclError (*ReserveMemAddress)(void**, size_t, size_t, void*, uint64_t);
+    aclError (*ReleaseMemAddress)(void*);
+    aclError (*MallocPhysical)(void**, size_t, const PhysicalMemProp*, uint64_t);
+    aclError (*FreePhysical)(void*);
+    aclError (*MapMem)(void*, size_t, size_t, void*, uint64_t);
+    aclError (*UnmapMem)(void*);
+    aclError (*GetAllocationGranularity)(PhysicalMemProp*, int, size_t*);  // optional
+} vm_api;
+bool vm_loaded = false;
+std::string vm_missing;  // why not, when not loaded
+
+PhysicalMemProp device_memory(int device) {
+    PhysicalMemProp prop{};
+    prop.handle_type = kMemHandleNone;
+    prop.allocation_type = kAllocationPinned;
+    prop.mem_attr = kHbmMemHuge;
+    prop.location.id = static_cast<uint32_t>(device);
+    prop.location.type = kLocationDevice;
+    return prop;
+}
+
+Status acl_vm_granularity(int device, size_t* bytes, int* code) {
+    if (vm_api.GetAllocationGranularity == nullptr) {
+        *bytes = kDefaultGranularity;
+        *code = kSuccess;
+        return Status::ok;
+    }
+    PhysicalMemProp prop = device_memory(device);
+    return on_device(device, code,
+                     [&] { return vm_api.GetAllocationGranularity(&prop, kGranularityRecommended, bytes); });
+}
+Status acl_vm_reserve(void** base, size_t size, int device, int* code) {
+    return on_device(device, code, [&] { return vm_api.ReserveMemAddress(base, size, 0, nullptr, 0); });
+}
+Status acl_vm_unreserve(void* base, size_t, int device, int* code) {
+    return on_device(device, code, [&] { return vm_api.ReleaseMemAddress(base); });
+}
+Status acl_vm_create(void** chunk, size_t size, int device, int* code) {
+    PhysicalMemProp prop = device_memory(device);
+    return on_device(device, code, [&] { return vm_api.MallocPhysical(chunk, size, &prop, 0); });
+}
+Status acl_vm_release(void* chunk, int device, int* code) {
+    return on_device(device, code, [&] { return vm_api.FreePhysical(chunk); });
+}
+Status acl_vm_map(void* at, size_t size, void* chunk, int device, int* code) {
+    return on_device(device, code, [&] { return vm_api.MapMem(at, size, 0, chunk, 0); });
+}
+Status acl_vm_set_access(void*, size_t, int, int* code) {  // mapped memory is accessible already
+    *code = kSuccess;
+    return Status::ok;
+}
+Status acl_vm_unmap(void* at, size_t, int device, int* code) {
+    return on_device(device, code, [&] { return vm_api.UnmapMem(at); });
+}
+
+const VirtualMemory kAclVm = {acl_vm_granularity, acl_vm_reserve, acl_vm_unreserve,  acl_vm_create,
+                              acl_vm_release,     acl_vm_map,     acl_vm_set_access, acl_vm_unmap};
+
+void load_virtual_memory(void* h) {
+    vm_loaded = resolve(h, "aclrtReserveMemAddress", &vm_api.ReserveMemAddress, &vm_missing);
+    vm_loaded &= resolve(h, "aclrtReleaseMemAddress", &vm_api.ReleaseMemAddress, &vm_missing);
+    vm_loaded &= resolve(h, "aclrtMallocPhysical", &vm_api.MallocPhysical, &vm_missing);
+    vm_loaded &= resolve(h, "aclrtFreePhysical", &vm_api.FreePhysical, &vm_missing);
+    vm_loaded &= resolve(h, "aclrtMapMem", &vm_api.MapMem, &vm_missing);
+    vm_loaded &= resolve(h, "aclrtUnmapMem", &vm_api.UnmapMem, &vm_missing);
+    vm_api.GetAllocationGranularity = reinterpret_cast<aclError (*)(PhysicalMemProp*, int, size_t*)>(
+        resolve_symbol(h, "aclrtMemGetAllocationGranularity"));
+}
+
+// Loaded with the runtime (load() below, under acl_runtime's lock).
+const VirtualMemory* acl_virtual_memory(std::string* why) {
+    if (!vm_loaded) *why = "libascendcl: " + vm_missing;
+    return vm_loaded ? &kAclVm : nullptr;
+}
+
 const Runtime kAclQueued = {"acl",          acl_malloc,     q_free,       q_event_create, q_event_destroy,
                             q_event_record, q_event_query,  q_event_sync, q_stream_wait,  acl_capturing,
                             q_stream_sync,  acl_stream_device, acl_current_device, q_memset, q_copy_to_host,
-                            acl_memory_total, acl_device_count, q_error_string};
+                            acl_memory_total, acl_device_count, q_error_string, acl_virtual_memory};
 
 const Runtime kAcl = {"acl",            acl_malloc,        acl_free,          acl_event_create,  acl_event_destroy,
                       acl_event_record, acl_event_query,   acl_event_sync,    acl_stream_wait,   acl_capturing,
                       acl_stream_sync,  acl_stream_device, acl_current_device, acl_memset,       acl_copy_to_host,
-                      acl_memory_total, acl_device_count, acl_error_string};
+                      acl_memory_total, acl_device_count, acl_error_string, acl_virtual_memory};
 
 bool load(const char* library_path, std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_ACL_LIBRARY");
@@ -194,6 +292,7 @@ bool load(const char* library_path, std::string* why) {
     ok &= resolve(h, "aclrtSetDevice", &api.SetDevice, why);
     api.CaptureGetInfo = reinterpret_cast<aclError (*)(void*, int*, void**)>(
         resolve_symbol(h, "aclmdlRICaptureGetInfo"));
+    load_virtual_memory(h);
     return ok;
 }
 

@@ -119,10 +119,143 @@ Status cu_memory_total(int device, size_t* total, int* code) {
 Status cu_device_count(int* count, int* code) { return status_of(api.GetDeviceCount(count), code); }
 const char* cu_error_string(int code) { return api.GetErrorString(code); }
 
+// ---- virtual memory: the driver API (libcuda), for expandable segments.
+// Its own prototypes and structures, as cuda.h lays them out (checked below).
+using CUresult = int;
+using CUdeviceptr = unsigned long long;
+using CUmemHandle = unsigned long long;  // CUmemGenericAllocationHandle
+constexpr CUresult kDriverSuccess = 0;
+constexpr CUresult kDriverOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kAllocationPinned = 1;        // CU_MEM_ALLOCATION_TYPE_PINNED
+constexpr int kLocationDevice = 1;          // CU_MEM_LOCATION_TYPE_DEVICE
+constexpr int kAccessReadWrite = 3;         // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+constexpr int kGranularityRecommended = 1;  // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+
+struct MemLocation {
+    int type;
+    int id;
+};
+struct MemAllocationProp {
+    int type;
+    int requested_handle_types;
+    MemLocation location;
+    void* win32_handle_meta_data;
+    unsigned char compression_type;
+    unsigned char gpu_direct_rdma_capable;
+    unsigned short usage;
+    unsigned char reserved[4];
+};
+struct MemAccessDesc {
+    MemLocation location;
+    int flags;
+};
+static_assert(sizeof(MemAllocationProp) == 32 && sizeof(MemAccessDesc) == 12, "cuda.h's layout");
+
+struct DriverApi {
+    CUresult (*AddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*AddressFree)(CUdeviceptr, size_t);
+    CUresult (*Create)(CUmemHandle*, size_t, const MemAllocationProp*, unsigned long long);
+    CUresult (*Release)(CUmemHandle);
+    CUresult (*Map)(CUdeviceptr, size_t, size_t, CUmemHandle, unsigned long long);
+    CUresult (*SetAccess)(CUdeviceptr, size_t, const MemAccessDesc*, size_t);
+    CUresult (*Unmap)(CUdeviceptr, size_t);
+    CUresult (*GetAllocationGranularity)(size_t*, const MemAllocationProp*, int);
+} driver;
+
+Status driver_status(CUresult err, int* code) {
+    *code = err;
+    if (err == kDriverSuccess) return Status::ok;
+    return err == kDriverOutOfMemory ? Status::out_of_memory : Status::error;
+}
+
+// A driver call on `device` (its primary context current, through the
+// runtime's cudaSetDevice) in relaxed capture mode: none of them is
+// stream-ordered, and under another thread's global-mode capture they would
+// fail and invalidate it.
+template <typename Call>
+Status on_device_driver(int device, int* code, Call call) {
+    return npl::on_device(device, code, api.GetDevice, api.SetDevice, kSuccess, driver_status,
+                          [&] { return relaxed(call); });
+}
+
+MemAllocationProp device_memory(int device) {
+    MemAllocationProp prop{};
+    prop.type = kAllocationPinned;
+    prop.location = MemLocation{kLocationDevice, device};
+    return prop;
+}
+
+Status cu_vm_granularity(int device, size_t* bytes, int* code) {
+    MemAllocationProp prop = device_memory(device);
+    return on_device_driver(device, code,
+                            [&] { return driver.GetAllocationGranularity(bytes, &prop, kGranularityRecommended); });
+}
+Status cu_vm_reserve(void** base, size_t size, int device, int* code) {
+    CUdeviceptr ptr = 0;
+    Status s = on_device_driver(device, code, [&] { return driver.AddressReserve(&ptr, size, 0, 0, 0); });
+    *base = reinterpret_cast<void*>(ptr);
+    return s;
+}
+Status cu_vm_unreserve(void* base, size_t size, int device, int* code) {
+    return on_device_driver(device, code,
+                            [&] { return driver.AddressFree(reinterpret_cast<CUdeviceptr>(base), size); });
+}
+Status cu_vm_create(void** chunk, size_t size, int device, int* code) {
+    MemAllocationProp prop = device_memory(device);
+    CUmemHandle handle = 0;
+    Status s = on_device_driver(device, code, [&] { return driver.Create(&handle, size, &prop, 0); });
+    *chunk = reinterpret_cast<void*>(handle);
+    return s;
+}
+Status cu_vm_release(void* chunk, int device, int* code) {
+    return on_device_driver(device, code, [&] { return driver.Release(reinterpret_cast<CUmemHandle>(chunk)); });
+}
+Status cu_vm_map(void* at, size_t size, void* chunk, int device, int* code) {
+    return on_device_driver(device, code, [&] {
+        return driver.Map(reinterpret_cast<CUdeviceptr>(at), size, 0, reinterpret_cast<CUmemHandle>(chunk), 0);
+    });
+}
+Status cu_vm_set_access(void* at, size_t size, int device, int* code) {
+    MemAccessDesc desc{MemLocation{kLocationDevice, device}, kAccessReadWrite};
+    return on_device_driver(device, code,
+                            [&] { return driver.SetAccess(reinterpret_cast<CUdeviceptr>(at), size, &desc, 1); });
+}
+Status cu_vm_unmap(void* at, size_t size, int device, int* code) {
+    return on_device_driver(device, code, [&] { return driver.Unmap(reinterpret_cast<CUdeviceptr>(at), size); });
+}
+
+const VirtualMemory kCudaVm = {cu_vm_granularity, cu_vm_reserve,   cu_vm_unreserve, cu_vm_create,
+                               cu_vm_release,     cu_vm_map,       cu_vm_set_access, cu_vm_unmap};
+
+bool load_driver(std::string* why) {
+    void* h = open_runtime_library("", "libcuda.so", {"libcuda.so.1", "libcuda.so"}, why);
+    if (h == nullptr) return false;
+    bool ok = resolve(h, "cuMemAddressReserve", &driver.AddressReserve, why);
+    ok &= resolve(h, "cuMemAddressFree", &driver.AddressFree, why);
+    ok &= resolve(h, "cuMemCreate", &driver.Create, why);
+    ok &= resolve(h, "cuMemRelease", &driver.Release, why);
+    ok &= resolve(h, "cuMemMap", &driver.Map, why);
+    ok &= resolve(h, "cuMemSetAccess", &driver.SetAccess, why);
+    ok &= resolve(h, "cuMemUnmap", &driver.Unmap, why);
+    ok &= resolve(h, "cuMemGetAllocationGranularity", &driver.GetAllocationGranularity, why);
+    return ok;
+}
+
+// The driver's virtual-memory calls, loaded once (nullptr and why not).
+const VirtualMemory* cu_virtual_memory(std::string* why) {
+    static std::mutex mu;
+    static int loaded = -1;  // not tried yet
+    static std::string failure;
+    std::lock_guard<std::mutex> lock(mu);
+    if (loaded < 0) loaded = load_driver(&failure) ? 1 : 0;
+    if (loaded == 0) *why = failure;
+    return loaded == 1 ? &kCudaVm : nullptr;
+}
+
 const Runtime kCuda = {"cuda",          cu_malloc,        cu_free,        cu_event_create,  cu_event_destroy,
                        cu_event_record, cu_event_query,   cu_event_sync,  cu_stream_wait,   cu_capturing,
                        cu_stream_sync,  cu_stream_device, cu_current_device, cu_memset,     cu_copy_to_host,
-                       cu_memory_total, cu_device_count, cu_error_string};
+                       cu_memory_total, cu_device_count, cu_error_string, cu_virtual_memory};
 
 bool load(std::string* why) {
     const char* env = std::getenv("NPU_LIFETIME_CUDART");

@@ -22,7 +22,7 @@ namespace npl {
 
 namespace {
 
-constexpr int kOk = 0, kInvalid = 1, kOutOfMemory = 2;
+constexpr int kOk = 0, kInvalid = 1, kOutOfMemory = 2, kIllegalAddress = 3;
 constexpr size_t kAlignment = 512;
 constexpr size_t kDefaultTotal = size_t(64) << 30;  // what memory_total reports without a limit
 constexpr int kDevices = 8;                          // devices the simulated runtime has
@@ -59,11 +59,14 @@ struct SimEvent {
 // The calls tests can count and make fail (sim::calls, sim::fail_next).
 enum Call : int {
     kMalloc, kFree, kEventCreate, kEventDestroy, kEventRecord, kEventQuery, kEventSynchronize, kStreamWaitEvent,
-    kStreamCapturing, kStreamSynchronize, kMemset, kCalls
+    kStreamCapturing, kStreamSynchronize, kMemset, kVmReserve, kVmCreate, kVmMap, kVmSetAccess, kVmUnmap,
+    kVmRelease, kVmUnreserve, kCalls
 };
 const char* const kCallNames[kCalls] = {"malloc",       "free",          "event_create",      "event_destroy",
                                         "event_record", "event_query",   "event_synchronize", "stream_wait_event",
-                                        "stream_capturing", "stream_synchronize", "memset"};
+                                        "stream_capturing", "stream_synchronize", "memset",
+                                        "vm_reserve",   "vm_create",     "vm_map",            "vm_set_access",
+                                        "vm_unmap",     "vm_release",    "vm_unreserve"};
 
 struct State {
     std::mutex mu;
@@ -99,7 +102,7 @@ void advance(State& s, SimStream& st, uint64_t target, bool run_dependencies) {
         if (wait != st.pending_waits.end() && wait->position <= stop) st.pending_waits.erase(wait);
         auto fill = st.pending_fills.begin();
         for (; fill != st.pending_fills.end() && fill->position <= st.completed; ++fill) {
-            std::memset(fill->ptr, fill->byte, fill->size);
+            if (sim::detail::accessible(fill->ptr, fill->size)) std::memset(fill->ptr, fill->byte, fill->size);
         }
         st.pending_fills.erase(st.pending_fills.begin(), fill);
     }
@@ -229,6 +232,7 @@ Status sim_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     if (injected_failure(s, kMemset)) return result(kInvalid, code);
+    if (!sim::detail::accessible(ptr, size)) return result(kIllegalAddress, code);
     SimStream& st = s.streams[stream];
     st.pending_fills.push_back(Fill{++st.queued, ptr, byte, size});
     advance(s, st, st.completed, false);
@@ -236,6 +240,7 @@ Status sim_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
 }
 
 Status sim_copy_to_host(void* dst, const void* src, size_t size, int, int* code) {
+    if (!sim::detail::accessible(src, size)) return result(kIllegalAddress, code);
     std::memcpy(dst, src, size);
     return result(kOk, code);
 }
@@ -258,6 +263,8 @@ const char* sim_error_string(int code) {
             return "invalid argument (simulated runtime)";
         case kOutOfMemory:
             return "out of memory (simulated runtime)";
+        case kIllegalAddress:
+            return "an address not mapped (simulated runtime)";
         default:
             return "";
     }
@@ -290,13 +297,39 @@ Status sim_capturing(Stream stream, bool* capturing, int* code) {
 const Runtime kSim = {"sim",          sim_malloc,         sim_free,         sim_event_create,   sim_event_destroy,
                       sim_event_record, sim_event_query,  sim_event_sync,   sim_stream_wait,    sim_capturing,
                       sim_stream_sync,  sim_stream_device, sim_current_device, sim_memset,      sim_copy_to_host,
-                      sim_memory_total, sim_device_count, sim_error_string};
+                      sim_memory_total, sim_device_count, sim_error_string, sim::detail::virtual_memory};
 
 }  // namespace
 
 const Runtime* sim_runtime() { return &kSim; }
 
 namespace sim {
+
+namespace detail {
+
+Status call_status(const char* call, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    return injected_failure(s, static_cast<Call>(call_index(call))) ? result(kInvalid, code) : result(kOk, code);
+}
+
+Status charge(size_t bytes, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.limit != 0 && s.in_use + bytes > s.limit) return result(kOutOfMemory, code);
+    s.in_use += bytes;
+    return result(kOk, code);
+}
+
+void refund(size_t bytes) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.in_use -= bytes;
+}
+
+Status invalid(int* code) { return result(kInvalid, code); }
+
+}  // namespace detail
 
 void complete(Stream stream) {
     State& s = state();
@@ -407,8 +440,14 @@ uint64_t completed(Stream stream) {
     return it == s.streams.end() ? 0 : it->second.completed;
 }
 
-void lock_for_fork() { state().mu.lock(); }
-void unlock_after_fork() { state().mu.unlock(); }
+void lock_for_fork() {
+    state().mu.lock();
+    detail::lock_virtual_memory();  // the order every path takes them in
+}
+void unlock_after_fork() {
+    detail::unlock_virtual_memory();
+    state().mu.unlock();
+}
 
 }  // namespace sim
 

@@ -30,4 +30,23 @@ bool fail_next(const char* call, uint64_t n);
 uint64_t calls(const char* call);  // calls of `call` so far (UINT64_MAX: unknown name)
 uint64_t completed(Stream stream);  // operations of `stream` that have run
 
+// The virtual memory (runtime_sim_vm.cpp): a reservation is address space
+// with no access; a mapped chunk makes its pages usable; fills and reads of
+// reserved memory not mapped fail (counted, as a device would fault).
+uint64_t mapped_bytes();        // bytes of physical chunks mapped now
+uint64_t reserved_bytes();      // bytes of address space reserved now
+bool accessible(const void* ptr, size_t size);  // memory a kernel may touch (malloc'd, or mapped with access)
+uint64_t illegal_accesses();    // fills and reads refused for touching unmapped memory
+
+namespace detail {  // between the two files of the simulated runtime
+const VirtualMemory* virtual_memory(std::string* why);
+bool accessible(const void* ptr, size_t size);  // counts an illegal access when not
+Status call_status(const char* call, int* code);  // counts `call`; an injected failure (fail_next)
+Status charge(size_t bytes, int* code);  // device memory taken, within the limit
+void refund(size_t bytes);
+Status invalid(int* code);
+void lock_virtual_memory();  // fork: after the runtime's own lock
+void unlock_virtual_memory();
+}  // namespace detail
+
 }  // namespace npl::sim

@@ -3,11 +3,12 @@
 #include "segments.h"
 
 #include "describe.h"
+#include "expansion.h"
 
 namespace npl {
 
 Segment* Segments::add(char* base, size_t size, int device, Stream stream, bool small, PoolId pool_id, Block* first) {
-    auto* seg = new Segment{base, size, device, stream, small, pool_id, nullptr, {}};
+    auto* seg = new Segment{base, size, device, stream, small, pool_id, nullptr, {}, nullptr};
     first->ptr = seg->base;
     first->size = size;
     first->device = device;
@@ -67,6 +68,39 @@ void Segments::merge(Block* b, Block* n) {
     b->size += n->size;
 }
 
+Block* Segments::last(const Segment* seg) {
+    Block* b = seg->first;
+    while (b->next != nullptr) b = b->next;
+    return b;
+}
+
+void Segments::append(Segment* seg, size_t bytes, Block* added) {
+    Block* tail = last(seg);
+    added->ptr = seg->base + seg->size;
+    added->size = bytes;
+    added->device = seg->device;
+    added->stream = seg->stream;
+    added->small = seg->small;
+    added->segment = seg;
+    added->pool = tail->pool;
+    added->prev = tail;
+    added->next = nullptr;
+    tail->next = added;
+    seg->size += bytes;
+}
+
+Block* Segments::truncate(Segment* seg, char* at) {
+    Block* tail = last(seg);
+    seg->size = static_cast<size_t>(at - seg->base);
+    if (at > tail->ptr) {
+        tail->size = static_cast<size_t>(at - tail->ptr);
+        return nullptr;
+    }
+    tail->prev->next = nullptr;
+    tail->prev = nullptr;
+    return tail;
+}
+
 void Segments::check(const std::function<void(const std::string&)>& fail) const {
     for (const auto& entry : map_) {
         const Segment* seg = entry.second;
@@ -87,6 +121,13 @@ void Segments::check(const std::function<void(const std::string&)>& fail) const 
             expect = b->ptr + b->size;
         }
         if (expect != seg->base + seg->size) fail(segment + ": its blocks do not cover it exactly");
+        if (const Expansion* e = seg->expansion) {
+            if (e->base != seg->base || e->mapped() != seg->size || e->mapped() > e->capacity || seg->size == 0) {
+                fail(segment + " (expandable) disagrees with its range: mapped " + std::to_string(e->mapped()) +
+                     " of " + std::to_string(e->capacity) + " bytes, segment size " + std::to_string(seg->size));
+            }
+            if (!seg->pool_id.eager()) fail(segment + " is expandable in a graph pool");
+        }
     }
 }
 

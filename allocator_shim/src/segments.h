@@ -17,6 +17,8 @@
 //   blocks cover the segment exactly.
 // - A block's size is a positive multiple of 512, and the block agrees with
 //   its segment on device, stream and size class.
+// - An expandable segment starts at its range's base, its size is what the
+//   range has mapped, and it belongs to the eager pool.
 // ---------------------------------------------------------------------------
 #pragma once
 
@@ -101,6 +103,13 @@ class Segments {
     static void cut_front(Block* b, char* at, Block* front);
     // `b` takes the bytes of `n`, its neighbour, which leaves the segment.
     static void merge(Block* b, Block* n);
+    // ---- expandable segments: their mapped part grows and shrinks at the end
+    // `added`, a new block, takes `bytes` more at the segment's end.
+    static void append(Segment* seg, size_t bytes, Block* added);
+    // The segment ends at `at`, inside or at the start of its last block:
+    // that block is cut short, or unlinked and returned (else nullptr).
+    static Block* truncate(Segment* seg, char* at);
+    static Block* last(const Segment* seg);
 
     // The invariants above that do not hold, each told to `fail`.
     void check(const std::function<void(const std::string&)>& fail) const;

@@ -15,11 +15,11 @@
 // X(name, meaning)
 #define NPL_STATS(STAT, COUNTER)                                                                  \
     STAT(allocation, "live blocks")                                                               \
-    STAT(segment, "segments reserved from the runtime")                                          \
+    STAT(segment, "plain segments reserved from the runtime (torch leaves expandable ones out)") \
     STAT(active, "live blocks + freed blocks that wait for events (not reusable)")              \
-    STAT(inactive_split, "cached blocks that are part of a split segment")                       \
+    STAT(inactive_split, "cached blocks that are part of a split plain segment")                \
     STAT(allocated_bytes, "bytes of live blocks (rounded sizes)")                               \
-    STAT(reserved_bytes, "bytes of segments")                                                    \
+    STAT(reserved_bytes, "bytes of segments (of expandable ones: the mapped bytes)")           \
     STAT(active_bytes, "bytes of live blocks + freed blocks that wait for events")              \
     STAT(inactive_split_bytes, "bytes of cached blocks in split segments")                       \
     STAT(requested_bytes, "bytes the live owners asked for")                                     \
@@ -32,8 +32,8 @@
     COUNTER(num_alloc_retries, "allocations that ran the out-of-memory path")                    \
     COUNTER(num_ooms, "allocations that failed after the out-of-memory path")                    \
     COUNTER(num_sync_all_streams, "out-of-memory paths that waited on every pending event")     \
-    COUNTER(num_device_alloc, "segment allocations from the runtime")                           \
-    COUNTER(num_device_free, "segment frees to the runtime")                                     \
+    COUNTER(num_device_alloc, "segment allocations and page maps from the runtime")            \
+    COUNTER(num_device_free, "segment frees and page unmaps to the runtime")                     \
     COUNTER(cache_hits, "allocations served from the cache")                                     \
     COUNTER(events_created, "runtime events created")                                            \
     COUNTER(events_recorded, "events recorded (record_use, record_stream at free, note_use)")    \

@@ -23,6 +23,14 @@
 //   (the context recorder takes the GIL): History's mutex guards only its
 //   own containers;
 // - no C++ exception leaves the extern "C" functions.
+// torch's build flag for "built with the CUDA driver API" (every CUDA wheel
+// is): CUDAAllocatorConfig::expandable_segments() is inline, and without the
+// flag an extension's copy answers false (with a warning) whatever the
+// setting.  The bridge runs inside such a torch, so it reads the setting.
+#ifndef PYTORCH_C10_DRIVER_API_SUPPORTED
+#define PYTORCH_C10_DRIVER_API_SUPPORTED 1
+#endif
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/ApproximateClock.h>
@@ -78,6 +86,7 @@ struct Shim {
     void (*set_pool_no_split)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
     void (*claim_next)(void*);
+    void (*set_expandable)(int);
 };
 
 template <typename F>
@@ -116,6 +125,7 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_set_pool_no_split", &s->set_pool_no_split, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
     find(lib, "npl_claim_next", &s->claim_next, &missing);
+    find(lib, "npl_set_expandable_segments", &s->set_expandable, &missing);
     dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
     return missing.empty() ? "" : "the shim lacks " + missing;
 }
@@ -466,10 +476,21 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
    private:
+    // torch's expandable_segments setting (PYTORCH_CUDA_ALLOC_CONF, or
+    // torch.cuda.memory._set_allocator_settings at run time) as the shim's,
+    // read at each allocation as torch's allocator reads it; the shim is told
+    // only when it changes, so npl_set_expandable_segments holds until then.
+    static void follow_expandable_setting(const Shim& shim) {
+        static std::atomic<int> told{0};  // torch's default: off
+        int now = cca::CUDAAllocatorConfig::expandable_segments() ? 1 : 0;
+        if (told.exchange(now, std::memory_order_relaxed) != now) shim.set_expandable(now);
+    }
+
     static std::function<void*(size_t, int, cudaStream_t)> alloc_fn(const Shim& shim,
                                                                    std::shared_ptr<History> history) {
         return [shim, history](size_t size, int device, cudaStream_t stream) -> void* {
             auto ctx = history->context(cca::RecordContext::STATE);
+            follow_expandable_setting(shim);
             void* p = shim.alloc(static_cast<ssize_t>(size), device, stream);
             if (p == nullptr && size != 0) {
                 history->on_oom(device, size, stream);
@@ -496,6 +517,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         seg.stream = r.segment_stream;
         seg.is_large = r.small == 0;
         seg.owner_private_pool_id = MempoolId_t{r.pool_id0, r.pool_id1};
+        seg.is_expandable = r.expandable != 0;
         return seg;
     }
 

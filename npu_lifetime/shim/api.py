@@ -131,6 +131,20 @@ def policy() -> str:
     return next(name for name, value in POLICIES.items() if value == code)
 
 
+def set_expandable_segments(enabled: bool) -> None:
+    """Expandable segments, as torch's ``expandable_segments:True``: new
+    memory of the eager pool grows one segment per (device, stream, size
+    class) by mapping pages at its end instead of a new segment per runtime
+    allocation; ``empty_cache`` unmaps the free pages at the end.  Applies
+    to the allocations that follow.  Under torch the bridge follows torch's
+    own setting (``torch.cuda.memory._set_allocator_settings``)."""
+    library().npl_set_expandable_segments(int(check.flag(enabled, "enabled")))
+
+
+def expandable_segments() -> bool:
+    return bool(library().npl_get_expandable_segments())
+
+
 def set_debug(enabled: bool, quarantine_bytes: int = DEFAULT_QUARANTINE_BYTES) -> None:
     """Debug mode: freed blocks are poisoned (0xFF: NaN for floats, -1 for
     integers) once really free and held in a FIFO quarantine of up to
@@ -236,7 +250,8 @@ class BlockRecord(ctypes.Structure):
                 ("segment_stream", ctypes.c_void_p), ("pool_id0", ctypes.c_uint64), ("pool_id1", ctypes.c_uint64),
                 ("address", ctypes.c_void_p), ("size", ctypes.c_uint64), ("requested", ctypes.c_uint64),
                 ("stream", ctypes.c_void_p), ("device", ctypes.c_int32), ("small", ctypes.c_int32),
-                ("state", ctypes.c_int32), ("events", ctypes.c_int32)]
+                ("state", ctypes.c_int32), ("events", ctypes.c_int32), ("expandable", ctypes.c_int32),
+                ("reserved_", ctypes.c_int32)]
 
 
 BLOCK_STATES = ("live", "pending", "cached")  # enum npl_block_state
@@ -386,3 +401,28 @@ class sim:
     @staticmethod
     def event_syncs() -> int:
         return library().npl_sim_event_syncs()
+
+    @staticmethod
+    def mapped_bytes() -> int:
+        """Bytes of physical chunks mapped now (expandable segments)."""
+        return library().npl_sim_mapped_bytes()
+
+    @staticmethod
+    def reserved_bytes() -> int:
+        """Bytes of address space reserved now (expandable segments)."""
+        return library().npl_sim_reserved_bytes()
+
+    @staticmethod
+    def accessible(ptr: int, size: int) -> bool:
+        """Whether a kernel may touch ``[ptr, ptr + size)``: malloc'd, or mapped with access."""
+        return bool(library().npl_sim_accessible(ptr, size))
+
+    @staticmethod
+    def illegal_accesses() -> int:
+        """Fills and reads the simulated device refused for touching unmapped memory."""
+        return library().npl_sim_illegal_accesses()
+
+    @staticmethod
+    def fill(stream: int, ptr: int, byte: int, size: int) -> bool:
+        """A kernel on ``stream`` writing ``byte`` over ``size`` bytes at ``ptr``; False if refused."""
+        return library().npl_sim_fill(check.stream(stream), ptr, byte, size) == 0

@@ -87,6 +87,9 @@ def install(
         npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
     _configure(policy, debug, quarantine_bytes)
+    # the CUDA bridge follows torch's own setting at each allocation; otherwise the environment's, once
+    if cuda_bridge is None and alloc_conf_expandable(ALLOC_CONF_VARIABLES[device]):
+        api.set_expandable_segments(True)
     from . import torch_api
 
     torch_api.route_memory_functions(device, cuda_bridge=cuda_bridge is not None)
@@ -119,6 +122,20 @@ def _check_arguments(device, policy, debug, quarantine_bytes) -> None:
         raise ValueError(f"policy must be one of {sorted(api.POLICIES)}, not {policy!r}")
     check.flag(debug, "debug")
     check.count(quarantine_bytes, "quarantine_bytes")
+
+
+# The variable whose "expandable_segments:True" the framework's own allocator honours.
+ALLOC_CONF_VARIABLES = {"cuda": "PYTORCH_CUDA_ALLOC_CONF", "npu": "PYTORCH_NPU_ALLOC_CONF"}
+
+
+def alloc_conf_expandable(variable: str) -> bool:
+    """Whether the allocator settings in ``variable`` ("key:value,...", as
+    torch and torch_npu parse them) turn expandable segments on."""
+    for item in os.environ.get(variable, "").split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "expandable_segments":
+            return value.strip().lower() == "true"
+    return False
 
 
 def _configure(policy: str, debug: bool, quarantine_bytes: int) -> None:

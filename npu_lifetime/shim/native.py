@@ -26,6 +26,8 @@ _PROTOTYPES = {
     "npl_note_use": (_I, [_P, _P]),
     "npl_set_policy": (_I, [_I]),
     "npl_get_policy": (_I, []),
+    "npl_set_expandable_segments": (None, [_I]),
+    "npl_get_expandable_segments": (_I, []),
     "npl_set_debug": (None, [_I, _U64]),
     "npl_get_debug": (_I, []),
     "npl_process_events": (None, []),
@@ -79,6 +81,11 @@ _PROTOTYPES = {
     "npl_sim_stream_waits": (_U64, [_P]),
     "npl_sim_incomplete_events": (_U64, []),
     "npl_sim_event_syncs": (_U64, []),
+    "npl_sim_mapped_bytes": (_U64, []),
+    "npl_sim_reserved_bytes": (_U64, []),
+    "npl_sim_accessible": (_I, [_P, _Z]),
+    "npl_sim_illegal_accesses": (_U64, []),
+    "npl_sim_fill": (_I, [_P, _P, _I, _Z]),
 }
 
 

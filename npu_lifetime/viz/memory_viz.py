@@ -90,7 +90,7 @@ def _segment(seg: dict, lives: Optional[Lives], frames: dict) -> dict:
         "stream": seg["stream"],
         "segment_type": seg.get("pool", "large"),
         "segment_pool_id": (0, 0),
-        "is_expandable": False,
+        "is_expandable": bool(seg.get("is_expandable", False)),
         "frames": [],
         "blocks": blocks,
     }

@@ -224,8 +224,31 @@ def record_use_fallback_misuse() -> dict:
             "held_after_call": held_after_call}
 
 
+def expandable() -> dict:
+    """Expandable segments from PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
+    (the test sets it), over the stand-in's virtual memory: a tensor crossing
+    a page edge grows the segment in place, kernels read and write it right,
+    empty_cache unmaps the free pages at the end."""
+    npu_lifetime.install("npu")
+    a = torch.ones(15 * N, device="npu")  # 15 MiB: the first 20 MiB page
+    b = torch.full((10 * N,), 2.0, device="npu")  # [15, 25) MiB: a second page mapped after the first
+    in_place = b.data_ptr() == a.data_ptr() + 15 * (1 << 20)
+    values_ok = bool(((a + 1).cpu() == 2).all()) and bool(((b[-N:] * 2).cpu() == 4).all())
+    torch.npu.synchronize()
+    large = [s for s in shim.snapshot()["segments"] if s["pool"] == "large"]
+    before = shim.stats()["reserved_bytes.all.current"]
+    del b
+    torch.npu.synchronize()
+    torch.npu.empty_cache()
+    after = shim.stats()["reserved_bytes.all.current"]
+    values_ok = values_ok and bool((a.cpu() == 1).all())
+    return {"large_segments": len(large), "large_expandable": sum(s["is_expandable"] for s in large),
+            "in_place": in_place, "values_ok": values_ok, "reserved_before": before, "reserved_after": after,
+            "expandable_setting": shim.expandable_segments(), "findings": shim.findings()}
+
+
 PROGRAMS = {f.__name__: f for f in (basics, ordering, memory_functions, out_of_memory, record_use_shim,
-                                    record_use_fallback, record_use_fallback_misuse)}
+                                    record_use_fallback, record_use_fallback_misuse, expandable)}
 
 if __name__ == "__main__":
     print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))

@@ -144,6 +144,8 @@ static aclError forget(void *ptr, enum standin_memory_kind kind)
     long at = find_region(ptr);
     if (at < 0 || regions[at].base != ptr || regions[at].kind != kind)
         return ACL_ERROR_RT_PARAM_INVALID;
+    if (kind == STANDIN_DEVICE && !regions[at].owned)
+        return ACL_ERROR_RT_PARAM_INVALID; /* a reservation: aclrtReleaseMemAddress's */
     struct region region = regions[at];
     regions[at] = regions[--region_count];
     if (kind == STANDIN_DEVICE) {
@@ -164,6 +166,34 @@ enum standin_memory_kind standin_memory_kind_of(const void *ptr)
     enum standin_memory_kind kind = at < 0 ? STANDIN_NOT_OURS : regions[at].kind;
     standin_unlock();
     return kind;
+}
+
+aclError standin_charge_device(int32_t device, size_t bytes)
+{
+    if (in_use[device] + bytes > cap()) {
+        standin_set_error("npu_standin: out of memory: %zu bytes asked, %zu of %zu in use", bytes, in_use[device],
+                          cap());
+        return ACL_ERROR_RT_MEMORY_ALLOCATION;
+    }
+    in_use[device] += bytes;
+    return ACL_SUCCESS;
+}
+
+void standin_refund_device(int32_t device, size_t bytes)
+{
+    in_use[device] -= bytes;
+}
+
+void standin_add_device_range(void *base, size_t size, int32_t device)
+{
+    add_region((struct region){base, size, device, STANDIN_DEVICE, 0});
+}
+
+void standin_remove_device_range(void *base)
+{
+    long at = find_region(base);
+    if (at >= 0 && regions[at].base == base && regions[at].kind == STANDIN_DEVICE && !regions[at].owned)
+        regions[at] = regions[--region_count];
 }
 
 static aclError device_malloc(void **devPtr, size_t size)

@@ -52,6 +52,13 @@ enum standin_memory_kind { STANDIN_NOT_OURS, STANDIN_DEVICE, STANDIN_PINNED_HOST
 enum standin_memory_kind standin_memory_kind_of(const void *ptr);
 void standin_release_deferred(void); /* with the lock held */
 void standin_copy(void *dst, const void *src, size_t count);
+/* With the lock held, for virtual_memory.c: device memory charged against a
+ * device's cap (ACL_ERROR_RT_MEMORY_ALLOCATION past it) and given back; a
+ * reservation's address space registered as device memory, not owned here. */
+aclError standin_charge_device(int32_t device, size_t bytes);
+void standin_refund_device(int32_t device, size_t bytes);
+void standin_add_device_range(void *base, size_t size, int32_t device);
+void standin_remove_device_range(void *base);
 
 
 /* tensors.c: the op-api objects kernels read */
