@@ -216,6 +216,11 @@ uint64_t npl_sim_event_syncs(void);            /* host waits on events */
 int npl_sim_fail_next(const char* call, uint64_t n);
 uint64_t npl_sim_calls(const char* call);     /* calls of that function so far (UINT64_MAX: unknown) */
 uint64_t npl_sim_completed(void* stream);     /* operations of `stream` that have run */
+/* The simulated runtime's capture graph, as the capture topology calls see
+ * it: the capture `stream` takes part in (0: none) and its frontier (up to
+ * `capacity` nodes; returns how many there are), and a node's dependencies. */
+size_t npl_sim_capture_frontier(void* stream, uint64_t* capture, void** out, size_t capacity);
+size_t npl_sim_node_parents(void* node, void** out, size_t capacity);
 
 #ifdef __cplusplus
 }

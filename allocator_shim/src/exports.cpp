@@ -433,3 +433,29 @@ NPL_EXPORT uint64_t npl_sim_event_syncs(void) { return npl::sim::event_syncs(); 
 NPL_EXPORT int npl_sim_fail_next(const char* call, uint64_t n) { return npl::sim::fail_next(call, n) ? 0 : -1; }
 NPL_EXPORT uint64_t npl_sim_calls(const char* call) { return npl::sim::calls(call); }
 NPL_EXPORT uint64_t npl_sim_completed(void* stream) { return npl::sim::completed(stream); }
+
+namespace {
+size_t copy_nodes(const std::vector<npl::GraphNode>& nodes, void** out, size_t capacity) {
+    for (size_t i = 0; i < nodes.size() && i < capacity; ++i) out[i] = nodes[i];
+    return nodes.size();
+}
+}  // namespace
+
+NPL_EXPORT size_t npl_sim_capture_frontier(void* stream, uint64_t* capture, void** out, size_t capacity) {
+    return guarded("sim_capture_frontier", size_t{0}, [&] {
+        npl::CaptureInfo info;
+        int code = 0;
+        if (npl::sim_capture_topology()->capture_info(stream, &info, &code) != npl::Status::ok) return size_t{0};
+        if (capture != nullptr) *capture = info.id;
+        return copy_nodes(info.frontier, out, capacity);
+    });
+}
+
+NPL_EXPORT size_t npl_sim_node_parents(void* node, void** out, size_t capacity) {
+    return guarded("sim_node_parents", size_t{0}, [&] {
+        std::vector<npl::GraphNode> parents;
+        int code = 0;
+        if (npl::sim_capture_topology()->node_parents(node, &parents, &code) != npl::Status::ok) return size_t{0};
+        return copy_nodes(parents, out, capacity);
+    });
+}

@@ -386,3 +386,29 @@ class sim:
     @staticmethod
     def event_syncs() -> int:
         return library().npl_sim_event_syncs()
+
+    @staticmethod
+    def capture_frontier(stream: int) -> Tuple[int, list]:
+        """The capture ``stream`` takes part in (0: none) and its frontier: the
+        graph nodes its next captured work will depend on (handles, ints)."""
+        capture = ctypes.c_uint64(0)
+        nodes = _nodes(lambda out, n: library().npl_sim_capture_frontier(
+            check.stream(stream), ctypes.byref(capture), out, n))
+        return capture.value, nodes
+
+    @staticmethod
+    def node_parents(node: int) -> list:
+        """The nodes graph node ``node`` depends on."""
+        node = check.address(node, "node", "a graph node handle (an int, from sim.capture_frontier)")
+        return _nodes(lambda out, n: library().npl_sim_node_parents(node, out, n))
+
+
+def _nodes(fill) -> list:
+    """The nodes ``fill(array, capacity)`` writes, however many there are."""
+    capacity = 16
+    while True:
+        out = (ctypes.c_void_p * capacity)()
+        n = fill(out, capacity)
+        if n <= capacity:
+            return [out[i] for i in range(n)]
+        capacity = n

@@ -79,6 +79,8 @@ _PROTOTYPES = {
     "npl_sim_stream_waits": (_U64, [_P]),
     "npl_sim_incomplete_events": (_U64, []),
     "npl_sim_event_syncs": (_U64, []),
+    "npl_sim_capture_frontier": (_Z, [_P, _U64P, ctypes.POINTER(_P), _Z]),
+    "npl_sim_node_parents": (_Z, [_P, ctypes.POINTER(_P), _Z]),
 }
 
 
