@@ -56,6 +56,17 @@ int npl_get_policy(void);
 void npl_set_debug(int enabled, uint64_t quarantine_bytes);
 int npl_get_debug(void);
 
+/* torch's allocator setting graph_capture_record_stream_reuse (off by
+ * default, as torch's): a block freed during a graph capture while streams
+ * it was recorded on may still use it is reused inside the capture once the
+ * capture's graph orders their work before the allocating stream's next
+ * work, instead of waiting for the capture's end.  Returns 0, or 1 when it
+ * is on but the selected runtime can't tell a capture's graph (ACL; a
+ * libcudart without the calls): such frees then wait for the capture's end
+ * (an `unsupported` finding says so once). */
+int npl_set_graph_capture_record_stream_reuse(int enabled);
+int npl_get_graph_capture_record_stream_reuse(void);
+
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */
 void npl_init(int device_count);

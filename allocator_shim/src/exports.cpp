@@ -152,6 +152,16 @@ NPL_EXPORT int npl_get_debug(void) {
     return guarded("get_debug", 0, [] { return shim().allocator.debug() ? 1 : 0; });
 }
 
+NPL_EXPORT int npl_set_graph_capture_record_stream_reuse(int enabled) {
+    return guarded("set_graph_capture_record_stream_reuse", 1,
+                   [&] { return shim().allocator.set_capture_reuse(enabled != 0) ? 0 : 1; });
+}
+
+NPL_EXPORT int npl_get_graph_capture_record_stream_reuse(void) {
+    return guarded("get_graph_capture_record_stream_reuse", 0,
+                   [] { return shim().allocator.capture_reuse() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_process_events(void) {
     guarded_void("process_events", [] { shim().allocator.process_events(); });
 }

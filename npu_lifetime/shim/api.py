@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import warnings
 from functools import lru_cache
 from typing import Optional, Tuple
 
@@ -142,6 +143,24 @@ def set_debug(enabled: bool, quarantine_bytes: int = DEFAULT_QUARANTINE_BYTES) -
 
 def debug() -> bool:
     return bool(library().npl_get_debug())
+
+
+def set_graph_capture_record_stream_reuse(enabled: bool) -> None:
+    """torch's allocator setting of that name (off by default): a block freed
+    during a graph capture while streams it was ``record_stream``-ed on may
+    still use it is reused inside the capture once the capture's graph joins
+    those streams into the allocating stream, instead of waiting for the
+    capture's end.  Warns when the selected runtime can't tell a capture's
+    graph (then such frees wait for the capture's end, as when off)."""
+    enabled = check.flag(enabled, "enabled")
+    if library().npl_set_graph_capture_record_stream_reuse(int(enabled)) != 0:
+        warnings.warn(f"npu_lifetime: graph_capture_record_stream_reuse is not supported on the {runtime_name()} "
+                      "runtime (no capture graph to ask); frees during a capture wait for its end",
+                      RuntimeWarning, stacklevel=2)
+
+
+def graph_capture_record_stream_reuse() -> bool:
+    return bool(library().npl_get_graph_capture_record_stream_reuse())
 
 
 def process_events() -> None:

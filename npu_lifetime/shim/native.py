@@ -28,6 +28,8 @@ _PROTOTYPES = {
     "npl_get_policy": (_I, []),
     "npl_set_debug": (None, [_I, _U64]),
     "npl_get_debug": (_I, []),
+    "npl_set_graph_capture_record_stream_reuse": (_I, [_I]),
+    "npl_get_graph_capture_record_stream_reuse": (_I, []),
     "npl_process_events": (None, []),
     "npl_empty_cache": (None, []),
     "npl_init": (None, [_I]),
