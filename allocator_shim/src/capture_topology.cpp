@@ -14,6 +14,7 @@ const CaptureTopology* capture_topology(const Runtime* rt, std::string* why) {
         return nullptr;
     }
     if (rt == sim_runtime()) return sim_capture_topology();
+    if (std::strcmp(rt->name, "cuda") == 0) return cuda_capture_topology(why);  // its table: cuda_runtime() loaded
     *why = std::string("the ") + rt->name + " runtime offers no capture topology";
     return nullptr;
 }
