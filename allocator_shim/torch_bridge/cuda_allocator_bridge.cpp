@@ -23,6 +23,7 @@
 //   (the context recorder takes the GIL): History's mutex guards only its
 //   own containers;
 // - no C++ exception leaves the extern "C" functions.
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/ApproximateClock.h>
@@ -78,6 +79,7 @@ struct Shim {
     void (*set_pool_no_split)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
     void (*claim_next)(void*);
+    int (*set_capture_reuse)(int);
 };
 
 template <typename F>
@@ -116,6 +118,7 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_set_pool_no_split", &s->set_pool_no_split, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
     find(lib, "npl_claim_next", &s->claim_next, &missing);
+    find(lib, "npl_set_graph_capture_record_stream_reuse", &s->set_capture_reuse, &missing);
     dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
     return missing.empty() ? "" : "the shim lacks " + missing;
 }
@@ -302,6 +305,26 @@ class History {
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
 };
 
+// torch's allocator setting graph_capture_record_stream_reuse
+// (_set_allocator_settings, PYTORCH_CUDA_ALLOC_CONF), where this torch has
+// it (2.9 and later); false where it does not.
+template <typename Config>
+auto torch_capture_reuse(int) -> decltype(bool(Config::graph_capture_record_stream_reuse())) {
+    return Config::graph_capture_record_stream_reuse();
+}
+template <typename Config>
+bool torch_capture_reuse(long) {
+    return false;
+}
+
+// The snapshot's config_metadata names the setting where this torch's has the field.
+template <typename Metadata>
+auto note_capture_reuse(Metadata& m, bool on, int) -> decltype(void(m.graph_capture_record_stream_reuse = on)) {
+    m.graph_capture_record_stream_reuse = on;
+}
+template <typename Metadata>
+void note_capture_reuse(Metadata&, bool, long) {}
+
 // A pool's live blocks at a checkpoint: what setCheckpointPoolState re-creates.
 struct PoolState : cca::AllocatorState {
     struct Live {
@@ -329,6 +352,19 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
     std::string name() override { return "npu_lifetime"; }
+
+    // A capture begins: torch's graph_capture_record_stream_reuse, read now
+    // (torch's tests set it just before), becomes the shim's for this capture.
+    void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id,
+                             std::function<bool(cudaStream_t)> filter) override {
+        bool reuse = torch_capture_reuse<cca::CUDAAllocatorConfig>(0);
+        if (shim_.set_capture_reuse(reuse ? 1 : 0) != 0) {
+            TORCH_WARN_ONCE("npu_lifetime shim: graph_capture_record_stream_reuse is not supported with this CUDA "
+                            "runtime (no capture topology calls); a block freed during a capture with recorded "
+                            "streams waits for the capture's end");
+        }
+        CUDAPluggableAllocator::beginAllocateToPool(device, id, std::move(filter));
+    }
 
     // The shim needs no init: it is ready once installed, even where torch's
     // CUDA init ran before the install (torch.accelerator.memory_stats
@@ -424,6 +460,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         }
         if (include_traces) info.device_traces = history_->traces(c10::cuda::device_count());
         info.config_metadata.last_allocator_settings = "npu_lifetime shim";
+        note_capture_reuse(info.config_metadata, torch_capture_reuse<cca::CUDAAllocatorConfig>(0), 0);
         return info;
     }
 
