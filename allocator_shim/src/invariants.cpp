@@ -1,7 +1,8 @@
 // The invariant checker: walks every segment, block, pool, event and
 // statistic and says which of the invariants stated at the top of
 // caching_allocator.cpp do not hold, and asks the data structures that
-// state their own (segments.h, event_queues.h, address_book.h) about theirs.  Tests call it after every step of the
+// state their own (segments.h, event_queues.h, address_book.h,
+// capture_joins.h) about theirs.  Tests call it after every step of the
 // stress and property tests (npl_check_invariants); a build with
 // -DNPL_CHECK_INVARIANTS (NPL_DEBUG_INVARIANTS=1 pip install -e .) also runs
 // it after every C entry point and reports a violation as an

@@ -1,6 +1,7 @@
 #include "sim_capture_graph.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace npl::sim {
 
