@@ -64,6 +64,17 @@ int npl_get_expandable_segments(void);
 void npl_set_debug(int enabled, uint64_t quarantine_bytes);
 int npl_get_debug(void);
 
+/* torch's allocator setting graph_capture_record_stream_reuse (off by
+ * default, as torch's): a block freed during a graph capture while streams
+ * it was recorded on may still use it is reused inside the capture once the
+ * capture's graph orders their work before the allocating stream's next
+ * work, instead of waiting for the capture's end.  Returns 0, or 1 when it
+ * is on but the selected runtime can't tell a capture's graph (ACL; a
+ * libcudart without the calls): such frees then wait for the capture's end
+ * (an `unsupported` finding says so once). */
+int npl_set_graph_capture_record_stream_reuse(int enabled);
+int npl_get_graph_capture_record_stream_reuse(void);
+
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */
 void npl_init(int device_count);
@@ -232,6 +243,11 @@ uint64_t npl_sim_reserved_bytes(void);        /* address space reserved now */
 int npl_sim_accessible(const void* ptr, size_t size); /* 1: a kernel may touch it (malloc'd or mapped) */
 uint64_t npl_sim_illegal_accesses(void);      /* fills / reads refused: unmapped memory */
 int npl_sim_fill(void* stream, void* ptr, int byte, size_t size); /* a kernel writing `byte`; -1 refused */
+/* The simulated runtime's capture graph, as the capture topology calls see
+ * it: the capture `stream` takes part in (0: none) and its frontier (up to
+ * `capacity` nodes; returns how many there are), and a node's dependencies. */
+size_t npl_sim_capture_frontier(void* stream, uint64_t* capture, void** out, size_t capacity);
+size_t npl_sim_node_parents(void* node, void** out, size_t capacity);
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,11 @@ bool CachingAllocator::real_capture_on(int device) {
 
 void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!graph_pools_.end(device, id)) unknown_pool("end_allocate_to_pool", device, id);
+    if (!graph_pools_.end(device, id)) {
+        unknown_pool("end_allocate_to_pool", device, id);
+        return;
+    }
+    end_joins(device, id);
 }
 
 void CachingAllocator::release_pool(int device, PoolId id) {

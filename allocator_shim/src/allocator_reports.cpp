@@ -15,6 +15,8 @@ const char* state_name(BlockState s) {
             return "pending";
         case BlockState::deferred:
             return "deferred";
+        case BlockState::awaiting_join:
+            return "awaiting_join";
         case BlockState::quarantined:
             return "quarantined";
         default:
@@ -156,6 +158,9 @@ void CachingAllocator::reset() {
         if (segment_free(seg, &code) != Status::ok) runtime_error("free", code, nullptr, nullptr);
     });
     events_.clear([&](Event e, int device) { destroy_event(e, device); });
+    joins_.clear();
+    reach_.clear();
+    capture_reuse_ = false;
     for (Block* b : spare_blocks_) delete b;
     pools_.clear();
     book_.clear();

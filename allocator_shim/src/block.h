@@ -24,6 +24,8 @@ enum class BlockState : uint8_t {
     live,         // handed out
     pending,      // freed; held until events that must fire before reuse have fired
     deferred,     // freed during a graph capture; its events are recorded once no capture is underway
+    awaiting_join,  // freed during a capture, reusable in it once its graph joins the block's streams
+                    // (graph_capture_record_stream_reuse: capture_joins.h)
     quarantined,  // freed, poisoned and held back (debug mode)
     cached,       // in its pool (perhaps carrying use events: reused behind a GPU-side wait)
 };

@@ -24,6 +24,15 @@
 //                             or a recorded stream got no event (the runtime
 //                             failed) and the host could not wait for it:
 //                             retried, never reusable before
+//   live -> awaiting_join     the same free with graph_capture_record_stream_reuse
+//                             on, when the block is its capture's pool's, has
+//                             no use event, and its stream and every recorded
+//                             stream capture into one graph (capture_joins.h)
+//   awaiting_join -> cached   an allocation on its stream in that capture
+//                             finds every marker (those streams' frontiers at
+//                             the free) at or before the stream's frontier:
+//                             the graph orders the old uses before new work
+//   awaiting_join -> deferred its pool's capture ends first
 //   live | deferred -> pending | cached | quarantined
 //                             free: recorded streams get an event recorded
 //                             at the free, record_use events are kept (one
@@ -151,6 +160,7 @@ bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
         return false;
     }
     rt_ = runtime;
+    topology_asked_ = false;
     return true;
 }
 
@@ -285,6 +295,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
+    if (capture && !joins_.empty()) reclaim_joined(stream);  // blocks whose streams the graph joined
     if (!capture) {
         if (events_.any_deferred()) process_deferred();
         // Pending blocks may have become reusable; never poll from a stream
@@ -622,6 +633,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     }
     if (!b->uses.empty() && !graph_pools_.any_capture_underway() && events_.any_deferred()) process_deferred();
     if (!b->uses.empty() && needs_capture_deferral(b)) {
+        if (await_join(b)) return;  // graph_capture_record_stream_reuse
         b->state = BlockState::deferred;
         events_.defer(b);
         s.add(StatId::pending, b->small, 1);

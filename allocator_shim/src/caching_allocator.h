@@ -16,6 +16,8 @@
 #include "npu_lifetime_shim.h"
 #include "address_book.h"
 #include "block.h"
+#include "capture_joins.h"
+#include "capture_reach.h"
 #include "event_queues.h"
 #include "findings.h"
 #include "graph_pools.h"
@@ -61,6 +63,13 @@ class CachingAllocator {
     // Takes effect for the next allocations; segments already made stay.
     void set_expandable_segments(bool on);
     bool expandable_segments() const;
+    // torch's graph_capture_record_stream_reuse (off by default): a block
+    // freed during a capture with recorded streams is reused inside it once
+    // the capture's graph joins them (allocator_capture_reuse.cpp).  Returns
+    // false when it is on but the selected runtime can't tell the capture's
+    // topology (such frees then wait for the capture's end, as when off).
+    bool set_capture_reuse(bool on);
+    bool capture_reuse() const;
     // Debug mode: freed blocks are poisoned and quarantined (0: off).
     void set_debug(bool enabled, size_t quarantine_bytes);
     bool debug() const;
@@ -145,6 +154,14 @@ class CachingAllocator {
     void mark_live(Block* b, size_t requested);
     void* claim(size_t rounded, size_t requested, int device, Stream stream);
 
+    // graph_capture_record_stream_reuse (allocator_capture_reuse.cpp)
+    const CaptureTopology* topology();  // nullptr: none (a finding says so, once)
+    bool await_join(Block* b);
+    bool capture_markers(const CaptureTopology& topo, const Block* b, uint64_t* capture,
+                         std::vector<GraphNode>* markers);
+    void reclaim_joined(Stream stream);
+    void end_joins(int device, PoolId id);
+
     // free
     bool stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b);
     void report_bad_free(void* ptr, ssize_t size, int device, Stream stream);
@@ -221,6 +238,11 @@ class CachingAllocator {
     AddressBook book_;
     Segments segments_;  // by address, each tiled by its blocks
     EventQueues events_;  // idle events, record order, pending blocks' FIFOs, deferred frees
+    CaptureJoins joins_;  // blocks freed in a capture waiting for its graph's join
+    CaptureReach reach_;  // per capture and stream: the nodes at or before its frontier
+    bool capture_reuse_ = false;
+    bool topology_asked_ = false;  // topology_ is the selected runtime's answer
+    const CaptureTopology* topology_ = nullptr;
     std::vector<Block*> spare_blocks_;
     std::unordered_map<Stream, int> stream_devices_;
     GraphPools graph_pools_;

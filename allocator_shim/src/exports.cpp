@@ -160,6 +160,16 @@ NPL_EXPORT int npl_get_debug(void) {
     return guarded("get_debug", 0, [] { return shim().allocator.debug() ? 1 : 0; });
 }
 
+NPL_EXPORT int npl_set_graph_capture_record_stream_reuse(int enabled) {
+    return guarded("set_graph_capture_record_stream_reuse", 1,
+                   [&] { return shim().allocator.set_capture_reuse(enabled != 0) ? 0 : 1; });
+}
+
+NPL_EXPORT int npl_get_graph_capture_record_stream_reuse(void) {
+    return guarded("get_graph_capture_record_stream_reuse", 0,
+                   [] { return shim().allocator.capture_reuse() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_process_events(void) {
     guarded_void("process_events", [] { shim().allocator.process_events(); });
 }
@@ -448,4 +458,30 @@ NPL_EXPORT uint64_t npl_sim_illegal_accesses(void) { return npl::sim::illegal_ac
 NPL_EXPORT int npl_sim_fill(void* stream, void* ptr, int byte, size_t size) {
     int code = 0;
     return npl::sim_runtime()->memset_async(ptr, byte, size, stream, &code) == npl::Status::ok ? 0 : -1;
+}
+
+namespace {
+size_t copy_nodes(const std::vector<npl::GraphNode>& nodes, void** out, size_t capacity) {
+    for (size_t i = 0; i < nodes.size() && i < capacity; ++i) out[i] = nodes[i];
+    return nodes.size();
+}
+}  // namespace
+
+NPL_EXPORT size_t npl_sim_capture_frontier(void* stream, uint64_t* capture, void** out, size_t capacity) {
+    return guarded("sim_capture_frontier", size_t{0}, [&] {
+        npl::CaptureInfo info;
+        int code = 0;
+        if (npl::sim_capture_topology()->capture_info(stream, &info, &code) != npl::Status::ok) return size_t{0};
+        if (capture != nullptr) *capture = info.id;
+        return copy_nodes(info.frontier, out, capacity);
+    });
+}
+
+NPL_EXPORT size_t npl_sim_node_parents(void* node, void** out, size_t capacity) {
+    return guarded("sim_node_parents", size_t{0}, [&] {
+        std::vector<npl::GraphNode> parents;
+        int code = 0;
+        if (npl::sim_capture_topology()->node_parents(node, &parents, &code) != npl::Status::ok) return size_t{0};
+        return copy_nodes(parents, out, capacity);
+    });
 }

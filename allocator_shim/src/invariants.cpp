@@ -1,7 +1,8 @@
 // The invariant checker: walks every segment, block, pool, event and
 // statistic and says which of the invariants stated at the top of
 // caching_allocator.cpp do not hold, and asks the data structures that
-// state their own (segments.h, event_queues.h, address_book.h) about theirs.  Tests call it after every step of the
+// state their own (segments.h, event_queues.h, address_book.h,
+// capture_joins.h) about theirs.  Tests call it after every step of the
 // stress and property tests (npl_check_invariants); a build with
 // -DNPL_CHECK_INVARIANTS (NPL_DEBUG_INVARIANTS=1 pip install -e .) also runs
 // it after every C entry point and reports a violation as an
@@ -61,7 +62,7 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
         }
     };
     std::unordered_map<const Pool*, size_t> cached_in;
-    size_t pending_blocks = 0, deferred_blocks = 0, quarantined_blocks = 0;
+    size_t pending_blocks = 0, deferred_blocks = 0, quarantined_blocks = 0, awaiting_blocks = 0;
     int expandable_segments = 0;
     std::unordered_set<const Segment*> expandable_seen;
 
@@ -101,7 +102,8 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
                 if (u.stream == b->stream) fail(at + " records a use on its own allocation stream");
                 if (u.event != nullptr) note_event(u.event, at);
             }
-            if (b->state != BlockState::live && b->state != BlockState::deferred && !b->uses.empty()) {
+            if (b->state != BlockState::live && b->state != BlockState::deferred &&
+                b->state != BlockState::awaiting_join && !b->uses.empty()) {
                 fail(at + " is freed but still has use records");
             }
             switch (b->state) {
@@ -124,6 +126,14 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
                     r.add(StatId::pending, b->small, 1);
                     r.add(StatId::pending_bytes, b->small, static_cast<int64_t>(b->size));
                     if (b->held.empty()) fail(at + " is pending with no event to wait for");
+                    break;
+                case BlockState::awaiting_join:
+                    awaiting_blocks++;
+                    if (!graph_pools_.open(b->device, b->pool->id)) {
+                        fail(at + " waits for the join of a capture whose pool is not open");
+                    }
+                    r.add(StatId::pending, b->small, 1);
+                    r.add(StatId::pending_bytes, b->small, static_cast<int64_t>(b->size));
                     break;
                 case BlockState::deferred:
                     deferred_blocks++;
@@ -178,6 +188,7 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
 
     // The events of freed blocks (event_queues.h states their invariants).
     events_.check(fail, [&](const HeldEvent& h) { return gates(h); }, pending_blocks, deferred_blocks);
+    joins_.check(fail, awaiting_blocks);  // (capture_joins.h)
     size_t q_bytes = 0;
     for (const Block* b : quarantine_.blocks()) {
         if (b->state != BlockState::quarantined) fail(where(b) + " is in the quarantine but not quarantined");

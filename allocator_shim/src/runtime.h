@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 struct npl_queue_ops;
 
@@ -68,5 +70,31 @@ bool set_acl_queue_ops(const struct npl_queue_ops* ops, const Runtime* in_use, s
 
 // True when the process already has a CUDA / ACL runtime library loaded.
 bool library_loaded(const char* name_fragment, std::string* path);
+
+// ---- Capture topology (graph_capture_record_stream_reuse) ----------------
+// What the allocator may ask about a graph capture in progress, without
+// touching the graph: the capture a stream takes part in and its frontier
+// (the nodes the stream's next captured work will depend on: CUDA's capture
+// dependencies), and each node's dependencies.  Both calls are legal during
+// a capture.
+using GraphNode = void*;
+
+struct CaptureInfo {
+    bool capturing = false;    // false: the stream captures nothing (the rest is empty)
+    bool invalidated = false;  // its capture was invalidated: its topology proves nothing
+    uint64_t id = 0;           // the capture's id, unique in the process
+    std::vector<GraphNode> frontier;
+};
+
+struct CaptureTopology {
+    Status (*capture_info)(Stream stream, CaptureInfo* info, int* code);
+    Status (*node_parents)(GraphNode node, std::vector<GraphNode>* parents, int* code);
+};
+
+// The capture topology of runtime `rt`; nullptr, with the reason in `why`,
+// when it has none (ACL; a libcudart without the calls).
+const CaptureTopology* capture_topology(const Runtime* rt, std::string* why);
+const CaptureTopology* sim_capture_topology();
+const CaptureTopology* cuda_capture_topology(std::string* why);  // only once cuda_runtime() loaded
 
 }  // namespace npl

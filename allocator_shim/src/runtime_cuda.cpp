@@ -1,5 +1,7 @@
 // The CUDA runtime (libcudart), resolved at run time.  The copy the process
 // already loaded (torch's) is preferred so streams and events are shared.
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <mutex>
 
@@ -293,6 +295,124 @@ const Runtime* cuda_runtime(std::string* why) {
     std::lock_guard<std::mutex> lock(mu);
     if (!loaded) loaded = load(why);
     return loaded ? &kCuda : nullptr;
+}
+
+// ---- capture topology ---------------------------------------------------------
+// cudaStreamGetCaptureInfo and cudaGraphNodeGetDependencies changed
+// signature across releases; the symbol with the signature declared here is
+// chosen by the runtime's version (libcudart.so.12 exports _v2/_v3 and
+// cudaGraphNodeGetDependencies_v2 besides the old names, .so.13 only the
+// plain names, with the edge-data signatures).  The edge-data variants are
+// preferred: without a place for edge data, a graph with programmatic
+// (non-default) edges answers cudaErrorLossyQuery.
+
+namespace {
+
+constexpr int kCaptureStatusInvalidated = 2;  // cudaStreamCaptureStatusInvalidated
+
+struct EdgeData {  // cudaGraphEdgeData: from_port, to_port, type, reserved[5]
+    unsigned char bytes[8];
+};
+static_assert(sizeof(EdgeData) == 8, "cudaGraphEdgeData is 8 bytes");
+
+struct TopologyApi {
+    // (stream, status, id, graph, dependencies, [edge data,] count)
+    cudaError (*CaptureInfo)(void*, int*, unsigned long long*, void**, void* const**, size_t*);
+    cudaError (*CaptureInfoEdges)(void*, int*, unsigned long long*, void**, void* const**, const EdgeData**,
+                                  size_t*);
+    // (node, dependencies, [edge data,] count)
+    cudaError (*NodeDependencies)(void*, void**, size_t*);
+    cudaError (*NodeDependenciesEdges)(void*, void**, EdgeData*, size_t*);
+} topology_api;
+
+Status cu_capture_info(Stream stream, CaptureInfo* info, int* code) {
+    int status = kCaptureStatusNone;
+    unsigned long long id = 0;
+    void* graph = nullptr;
+    void* const* nodes = nullptr;
+    const EdgeData* edges = nullptr;
+    size_t count = 0;
+    cudaError err = topology_api.CaptureInfoEdges != nullptr
+                        ? topology_api.CaptureInfoEdges(stream, &status, &id, &graph, &nodes, &edges, &count)
+                        : topology_api.CaptureInfo(stream, &status, &id, &graph, &nodes, &count);
+    *info = CaptureInfo{};
+    Status s = status_of(err, code);
+    if (s != Status::ok || status == kCaptureStatusNone) return s;
+    info->capturing = true;
+    info->invalidated = status == kCaptureStatusInvalidated;
+    info->id = id;
+    if (nodes != nullptr) info->frontier.assign(nodes, nodes + count);  // valid until the stream's next call
+    return s;
+}
+
+Status cu_node_parents(GraphNode node, std::vector<GraphNode>* parents, int* code) {
+    size_t count = 0;
+    std::vector<EdgeData> edges;
+    auto query = [&](void** out) {
+        if (topology_api.NodeDependenciesEdges == nullptr) return topology_api.NodeDependencies(node, out, &count);
+        edges.resize(out != nullptr ? count : 0);
+        return topology_api.NodeDependenciesEdges(node, out, out != nullptr ? edges.data() : nullptr, &count);
+    };
+    Status s = status_of(query(nullptr), code);
+    parents->assign(count, nullptr);
+    if (s != Status::ok || count == 0) return s;
+    s = status_of(query(parents->data()), code);
+    parents->resize(s == Status::ok ? count : 0);
+    return s;
+}
+
+const CaptureTopology kCudaTopology = {cu_capture_info, cu_node_parents};
+
+// The loaded libcudart's handle (the one api's functions came from).
+void* loaded_cudart(std::string* why) {
+    Dl_info where{};
+    if (dladdr(reinterpret_cast<void*>(api.Malloc), &where) == 0 || where.dli_fname == nullptr) {
+        *why = "can't tell which libcudart is loaded";
+        return nullptr;
+    }
+    void* h = dlopen(where.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) *why = std::string("can't reopen ") + where.dli_fname;
+    return h;
+}
+
+bool load_topology(std::string* why) {
+    void* h = loaded_cudart(why);
+    if (h == nullptr) return false;
+    int version = 0;
+    cudaError (*get_version)(int*) = nullptr;
+    bool ok = resolve(h, "cudaRuntimeGetVersion", &get_version, why) && get_version(&version) == kSuccess;
+    if (ok && version >= 13000) {
+        ok = resolve(h, "cudaStreamGetCaptureInfo", &topology_api.CaptureInfoEdges, why) &&
+             resolve(h, "cudaGraphNodeGetDependencies", &topology_api.NodeDependenciesEdges, why);
+    } else if (ok && version >= 12030) {
+        ok = resolve(h, "cudaStreamGetCaptureInfo_v3", &topology_api.CaptureInfoEdges, why) &&
+             resolve(h, "cudaGraphNodeGetDependencies_v2", &topology_api.NodeDependenciesEdges, why);
+    } else if (ok && version >= 11030) {
+        ok = resolve(h, "cudaStreamGetCaptureInfo_v2", &topology_api.CaptureInfo, why) &&
+             resolve(h, "cudaGraphNodeGetDependencies", &topology_api.NodeDependencies, why);
+    } else if (ok) {
+        *why = "CUDA runtime " + std::to_string(version) + " predates cudaStreamGetCaptureInfo_v2 (11.3)";
+        ok = false;
+    }
+    dlclose(h);  // RTLD_NOLOAD took a reference; the runtime's own handle keeps it loaded
+    if (!ok) topology_api = TopologyApi{};
+    return ok;
+}
+
+}  // namespace
+
+const CaptureTopology* cuda_capture_topology(std::string* why) {
+    static std::mutex mu;
+    static int loaded = -1;  // -1 not tried, 0 no, 1 yes
+    static std::string reason;
+    std::lock_guard<std::mutex> lock(mu);
+    if (loaded < 0) {
+        std::string missing;
+        loaded = load_topology(&missing) ? 1 : 0;
+        reason = "the CUDA runtime offers no capture topology (" + missing + ")";
+    }
+    if (loaded == 0) *why = reason;
+    return loaded == 1 ? &kCudaTopology : nullptr;
 }
 
 }  // namespace npl

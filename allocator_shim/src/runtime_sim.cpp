@@ -6,8 +6,10 @@
 // lands on host memory when its stream runs past it.  The host waiting
 // (event/stream synchronize) runs whatever that needs, as a device would.
 // Tests count each call and can make the next calls of one fail
-// (sim::fail_next), as a device runtime can.
+// (sim::fail_next), as a device runtime can.  Graph captures build a graph
+// of dependencies (sim_capture_graph.h) the capture topology calls answer.
 #include "runtime_sim.h"
+#include "sim_capture_graph.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -46,7 +48,6 @@ struct SimStream {
     uint64_t queued = 0;     // operations queued so far
     uint64_t completed = 0;  // operations finished so far
     uint64_t waits = 0;
-    bool capturing = false;
     std::vector<Wait> pending_waits;  // not yet passed, in order
     std::vector<Fill> pending_fills;
 };
@@ -60,13 +61,14 @@ struct SimEvent {
 enum Call : int {
     kMalloc, kFree, kEventCreate, kEventDestroy, kEventRecord, kEventQuery, kEventSynchronize, kStreamWaitEvent,
     kStreamCapturing, kStreamSynchronize, kMemset, kVmReserve, kVmCreate, kVmMap, kVmSetAccess, kVmUnmap,
-    kVmRelease, kVmUnreserve, kCalls
+    kVmRelease, kVmUnreserve, kCaptureInfo, kNodeParents, kCalls
 };
 const char* const kCallNames[kCalls] = {"malloc",       "free",          "event_create",      "event_destroy",
                                         "event_record", "event_query",   "event_synchronize", "stream_wait_event",
                                         "stream_capturing", "stream_synchronize", "memset",
                                         "vm_reserve",   "vm_create",     "vm_map",            "vm_set_access",
-                                        "vm_unmap",     "vm_release",    "vm_unreserve"};
+                                        "vm_unmap",     "vm_release",    "vm_unreserve",
+                                        "capture_info",     "node_parents"};
 
 struct State {
     std::mutex mu;
@@ -77,6 +79,7 @@ struct State {
     uint64_t event_syncs = 0;
     uint64_t calls[kCalls] = {};
     uint64_t failing[kCalls] = {};  // the next this many calls fail
+    sim::CaptureGraphs graphs;
 };
 
 State& state() {
@@ -170,6 +173,7 @@ Status sim_event_destroy(Event event, int, int* code) {
     if (injected_failure(s, kEventDestroy)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (s.events.erase(e) == 0) return result(kInvalid, code);
+    s.graphs.forget_event(e);
     delete e;
     return result(kOk, code);
 }
@@ -183,6 +187,7 @@ Status sim_event_record(Event event, Stream stream, int* code) {
     SimStream& st = s.streams[stream];
     e->stream = stream;
     e->position = ++st.queued;
+    s.graphs.record(e, stream);
     return result(kOk, code);
 }
 
@@ -235,6 +240,7 @@ Status sim_memset(void* ptr, int byte, size_t size, Stream stream, int* code) {
     if (!sim::detail::accessible(ptr, size)) return result(kIllegalAddress, code);
     SimStream& st = s.streams[stream];
     st.pending_fills.push_back(Fill{++st.queued, ptr, byte, size});
+    s.graphs.add_node(stream);
     advance(s, st, st.completed, false);
     return result(kOk, code);
 }
@@ -276,6 +282,7 @@ Status sim_stream_wait(Stream stream, Event event, int* code) {
     if (injected_failure(s, kStreamWaitEvent)) return result(kInvalid, code);
     auto* e = static_cast<SimEvent*>(event);
     if (stream == nullptr || s.events.count(e) == 0) return result(kInvalid, code);
+    if (!s.graphs.wait(stream, e)) return result(kInvalid, code);  // another capture's event
     SimStream& st = s.streams[stream];
     st.waits++;
     uint64_t position = ++st.queued;
@@ -289,8 +296,7 @@ Status sim_capturing(Stream stream, bool* capturing, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     if (injected_failure(s, kStreamCapturing)) return result(kInvalid, code);
-    auto it = s.streams.find(stream);
-    *capturing = it != s.streams.end() && it->second.capturing;
+    *capturing = s.graphs.capturing(stream);
     return result(kOk, code);
 }
 
@@ -359,6 +365,7 @@ void wait_event(Stream stream, Event event) {
 uint64_t launch(Stream stream) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    s.graphs.add_node(stream);
     return ++s.streams[stream].queued;
 }
 
@@ -371,7 +378,11 @@ void complete_all() {
 void set_capturing(Stream stream, bool capturing) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
-    s.streams[stream].capturing = capturing;
+    if (capturing) {
+        s.graphs.begin(stream);
+    } else {
+        s.graphs.end(stream);
+    }
 }
 
 void set_memory_limit(uint64_t bytes) {
@@ -409,6 +420,7 @@ void reset_streams() {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     s.streams.clear();
+    s.graphs.clear();
     for (SimEvent* e : s.events) delete e;  // a test's own events (npl_sim_record_event) go too
     s.events.clear();
     s.event_syncs = 0;
@@ -450,5 +462,30 @@ void unlock_after_fork() {
 }
 
 }  // namespace sim
+
+// ---- capture topology --------------------------------------------------------
+
+namespace {
+
+Status sim_capture_info(Stream stream, CaptureInfo* info, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kCaptureInfo)) return result(kInvalid, code);
+    s.graphs.info(stream, info);
+    return result(kOk, code);
+}
+
+Status sim_node_parents(GraphNode node, std::vector<GraphNode>* parents, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kNodeParents)) return result(kInvalid, code);
+    return result(s.graphs.parents(node, parents) ? kOk : kInvalid, code);
+}
+
+const CaptureTopology kSimTopology = {sim_capture_info, sim_node_parents};
+
+}  // namespace
+
+const CaptureTopology* sim_capture_topology() { return &kSimTopology; }
 
 }  // namespace npl

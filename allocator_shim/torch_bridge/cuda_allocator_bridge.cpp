@@ -23,13 +23,6 @@
 //   (the context recorder takes the GIL): History's mutex guards only its
 //   own containers;
 // - no C++ exception leaves the extern "C" functions.
-// torch's build flag for "built with the CUDA driver API" (every CUDA wheel
-// is): CUDAAllocatorConfig::expandable_segments() is inline, and without the
-// flag an extension's copy answers false (with a warning) whatever the
-// setting.  The bridge runs inside such a torch, so it reads the setting.
-#ifndef PYTORCH_C10_DRIVER_API_SUPPORTED
-#define PYTORCH_C10_DRIVER_API_SUPPORTED 1
-#endif
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -87,6 +80,7 @@ struct Shim {
     size_t (*block_records)(npl_block_record*, size_t);
     void (*claim_next)(void*);
     void (*set_expandable)(int);
+    int (*set_capture_reuse)(int);
 };
 
 template <typename F>
@@ -126,6 +120,7 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_block_records", &s->block_records, &missing);
     find(lib, "npl_claim_next", &s->claim_next, &missing);
     find(lib, "npl_set_expandable_segments", &s->set_expandable, &missing);
+    find(lib, "npl_set_graph_capture_record_stream_reuse", &s->set_capture_reuse, &missing);
     dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
     return missing.empty() ? "" : "the shim lacks " + missing;
 }
@@ -312,6 +307,26 @@ class History {
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
 };
 
+// torch's allocator setting graph_capture_record_stream_reuse
+// (_set_allocator_settings, PYTORCH_CUDA_ALLOC_CONF), where this torch has
+// it (2.9 and later); false where it does not.
+template <typename Config>
+auto torch_capture_reuse(int) -> decltype(bool(Config::graph_capture_record_stream_reuse())) {
+    return Config::graph_capture_record_stream_reuse();
+}
+template <typename Config>
+bool torch_capture_reuse(long) {
+    return false;
+}
+
+// The snapshot's config_metadata names the setting where this torch's has the field.
+template <typename Metadata>
+auto note_capture_reuse(Metadata& m, bool on, int) -> decltype(void(m.graph_capture_record_stream_reuse = on)) {
+    m.graph_capture_record_stream_reuse = on;
+}
+template <typename Metadata>
+void note_capture_reuse(Metadata&, bool, long) {}
+
 // A pool's live blocks at a checkpoint: what setCheckpointPoolState re-creates.
 struct PoolState : cca::AllocatorState {
     struct Live {
@@ -339,6 +354,19 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
     std::string name() override { return "npu_lifetime"; }
+
+    // A capture begins: torch's graph_capture_record_stream_reuse, read now
+    // (torch's tests set it just before), becomes the shim's for this capture.
+    void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t id,
+                             std::function<bool(cudaStream_t)> filter) override {
+        bool reuse = torch_capture_reuse<cca::CUDAAllocatorConfig>(0);
+        if (shim_.set_capture_reuse(reuse ? 1 : 0) != 0) {
+            TORCH_WARN_ONCE("npu_lifetime shim: graph_capture_record_stream_reuse is not supported with this CUDA "
+                            "runtime (no capture topology calls); a block freed during a capture with recorded "
+                            "streams waits for the capture's end");
+        }
+        CUDAPluggableAllocator::beginAllocateToPool(device, id, std::move(filter));
+    }
 
     // The shim needs no init: it is ready once installed, even where torch's
     // CUDA init ran before the install (torch.accelerator.memory_stats
@@ -434,6 +462,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         }
         if (include_traces) info.device_traces = history_->traces(c10::cuda::device_count());
         info.config_metadata.last_allocator_settings = "npu_lifetime shim";
+        note_capture_reuse(info.config_metadata, torch_capture_reuse<cca::CUDAAllocatorConfig>(0), 0);
         return info;
     }
 
@@ -480,9 +509,21 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     // torch.cuda.memory._set_allocator_settings at run time) as the shim's,
     // read at each allocation as torch's allocator reads it; the shim is told
     // only when it changes, so npl_set_expandable_segments holds until then.
+    // CUDAAllocatorConfig::expandable_segments() is inline and, in code built
+    // without torch's PYTORCH_C10_DRIVER_API_SUPPORTED (as this extension is),
+    // answers false with a warning whatever the setting (seen on torch 2.11):
+    // the setting itself is read where torch keeps it.
+    static bool torch_expandable_setting() {
+#if __has_include(<c10/core/AllocatorConfig.h>)
+        return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
+#else
+        return cca::CUDAAllocatorConfig::expandable_segments();
+#endif
+    }
+
     static void follow_expandable_setting(const Shim& shim) {
         static std::atomic<int> told{0};  // torch's default: off
-        int now = cca::CUDAAllocatorConfig::expandable_segments() ? 1 : 0;
+        int now = torch_expandable_setting() ? 1 : 0;
         if (told.exchange(now, std::memory_order_relaxed) != now) shim.set_expandable(now);
     }
 

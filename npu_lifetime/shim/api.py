@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import warnings
 from functools import lru_cache
 from typing import Optional, Tuple
 
@@ -156,6 +157,24 @@ def set_debug(enabled: bool, quarantine_bytes: int = DEFAULT_QUARANTINE_BYTES) -
 
 def debug() -> bool:
     return bool(library().npl_get_debug())
+
+
+def set_graph_capture_record_stream_reuse(enabled: bool) -> None:
+    """torch's allocator setting of that name (off by default): a block freed
+    during a graph capture while streams it was ``record_stream``-ed on may
+    still use it is reused inside the capture once the capture's graph joins
+    those streams into the allocating stream, instead of waiting for the
+    capture's end.  Warns when the selected runtime can't tell a capture's
+    graph (then such frees wait for the capture's end, as when off)."""
+    enabled = check.flag(enabled, "enabled")
+    if library().npl_set_graph_capture_record_stream_reuse(int(enabled)) != 0:
+        warnings.warn(f"npu_lifetime: graph_capture_record_stream_reuse is not supported on the {runtime_name()} "
+                      "runtime (no capture graph to ask); frees during a capture wait for its end",
+                      RuntimeWarning, stacklevel=2)
+
+
+def graph_capture_record_stream_reuse() -> bool:
+    return bool(library().npl_get_graph_capture_record_stream_reuse())
 
 
 def process_events() -> None:
@@ -426,3 +445,29 @@ class sim:
     def fill(stream: int, ptr: int, byte: int, size: int) -> bool:
         """A kernel on ``stream`` writing ``byte`` over ``size`` bytes at ``ptr``; False if refused."""
         return library().npl_sim_fill(check.stream(stream), ptr, byte, size) == 0
+
+    @staticmethod
+    def capture_frontier(stream: int) -> Tuple[int, list]:
+        """The capture ``stream`` takes part in (0: none) and its frontier: the
+        graph nodes its next captured work will depend on (handles, ints)."""
+        capture = ctypes.c_uint64(0)
+        nodes = _nodes(lambda out, n: library().npl_sim_capture_frontier(
+            check.stream(stream), ctypes.byref(capture), out, n))
+        return capture.value, nodes
+
+    @staticmethod
+    def node_parents(node: int) -> list:
+        """The nodes graph node ``node`` depends on."""
+        node = check.address(node, "node", "a graph node handle (an int, from sim.capture_frontier)")
+        return _nodes(lambda out, n: library().npl_sim_node_parents(node, out, n))
+
+
+def _nodes(fill) -> list:
+    """The nodes ``fill(array, capacity)`` writes, however many there are."""
+    capacity = 16
+    while True:
+        out = (ctypes.c_void_p * capacity)()
+        n = fill(out, capacity)
+        if n <= capacity:
+            return [out[i] for i in range(n)]
+        capacity = n

@@ -30,6 +30,8 @@ _PROTOTYPES = {
     "npl_get_expandable_segments": (_I, []),
     "npl_set_debug": (None, [_I, _U64]),
     "npl_get_debug": (_I, []),
+    "npl_set_graph_capture_record_stream_reuse": (_I, [_I]),
+    "npl_get_graph_capture_record_stream_reuse": (_I, []),
     "npl_process_events": (None, []),
     "npl_empty_cache": (None, []),
     "npl_init": (None, [_I]),
@@ -86,6 +88,8 @@ _PROTOTYPES = {
     "npl_sim_accessible": (_I, [_P, _Z]),
     "npl_sim_illegal_accesses": (_U64, []),
     "npl_sim_fill": (_I, [_P, _P, _I, _Z]),
+    "npl_sim_capture_frontier": (_Z, [_P, _U64P, ctypes.POINTER(_P), _Z]),
+    "npl_sim_node_parents": (_Z, [_P, ctypes.POINTER(_P), _Z]),
 }
 
 
