@@ -64,6 +64,8 @@ def _python_only(monkeypatch) -> None:
     monkeypatch.setattr(native, "storage_feed", None)
     monkeypatch.setattr(native, "trace_hook", None)
     monkeypatch.setattr(native, "host_lock", None)
+    monkeypatch.setattr(native, "event_hook", None)  # hubs' subscribers made from now on (the sim's listener
+    # is made once per process: tests/test_event_hook.py compares its two paths)
     monkeypatch.setattr(accesses, "_native_scan", None)
     monkeypatch.setattr(sites, "_native_frames", None)
     monkeypatch.setattr(native, "ENABLED", False)  # model_class(): model.py's
@@ -74,7 +76,8 @@ def _python_only(monkeypatch) -> None:
 def test_random_programs_get_the_same_findings_both_ways(steps):
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert native.in_use() == {"frames": True, "scan": True, "feed": True, "storage_feed": True,
-                                   "trace_hook": True, "host_lock": True, "model": True}
+                                   "trace_hook": True, "host_lock": True, "event_hook": True,
+                                   "model": True}
         with_native = run_program(steps)
         _python_only(monkeypatch)
         assert native.model_class() is lifetime.LifetimeModel

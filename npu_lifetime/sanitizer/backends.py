@@ -19,7 +19,7 @@ import torch
 from .. import simdevice
 from . import native
 from ..recording import watchers
-from .hub import Hub
+from .hub import DEVICE_ONLY, KEY_LAST, Hub
 
 
 class DeviceUnavailable(RuntimeError):
@@ -89,23 +89,20 @@ class Backend:
 class _TraceBackend(Backend):
     """CUDA and NPU: torch's (or torch_npu's) GPU trace callbacks."""
 
-    def _key(self, handle: int) -> tuple:
-        return (self.current_device(), handle)
-
     def _register_trace(self, register: Callable) -> None:
         """``register(kind, callback)`` for each trace kind."""
-        event = self.hub.event
-        register("event_creation", lambda e: event("on_event_created", e))
-        register("event_deletion", lambda e: event("on_event_deleted", e))
-        register("event_record", lambda e, s: event("on_event_record", e, self._key(s)))
-        register("event_wait", lambda e, s: event("on_event_wait", e, self._key(s)))
+        subscriber, device = self.hub.subscriber, self._raw_stream_calls()[0]  # the device: a C call
+        register("event_creation", subscriber("on_event_created"))
+        register("event_deletion", subscriber("on_event_deleted"))
+        register("event_record", subscriber("on_event_record", device, KEY_LAST))
+        register("event_wait", subscriber("on_event_wait", device, KEY_LAST))
         allocated, freed = self._memory_subscribers()
         register("memory_allocation", allocated)
         register("memory_deallocation", freed)
-        register("stream_creation", lambda s: event("on_stream_created", self._key(s)))
-        register("device_synchronization", lambda: event("on_device_sync", self.current_device()))
-        register("stream_synchronization", lambda s: event("on_stream_sync", self._key(s)))
-        register("event_synchronization", lambda e: event("on_event_sync", e))
+        register("stream_creation", subscriber("on_stream_created", device, KEY_LAST))
+        register("device_synchronization", subscriber("on_device_sync", device, DEVICE_ONLY))
+        register("stream_synchronization", subscriber("on_stream_sync", device, KEY_LAST))
+        register("event_synchronization", subscriber("on_event_sync"))
 
     def _memory_subscribers(self) -> tuple:
         """The allocation and free subscribers, called on every allocation
@@ -271,9 +268,9 @@ class NpuBackend(_TraceBackend):
             getattr(npu_trace, f"register_callback_for_npu_{kind}")(cb, f"npu_lifetime_{kind}")
 
         self._register_trace(register)
-        event = self.hub.event
-        register("record_stream", lambda ptr, s: event("on_record_stream_ptr", ptr, self._key(s)))
-        register("erase_stream", lambda ptr, s: event("on_erase_stream_ptr", ptr, self._key(s)))
+        subscriber, device = self.hub.subscriber, self._raw_stream_calls()[0]
+        register("record_stream", subscriber("on_record_stream_ptr", device, KEY_LAST))
+        register("erase_stream", subscriber("on_erase_stream_ptr", device, KEY_LAST))
         self._patch_queries(torch_npu.npu.Event, torch_npu.npu.Stream, lambda e: e.npu_event)
 
     def current_device(self) -> int:
@@ -427,6 +424,9 @@ class _SimListener:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
+        if native.event_hook is not None:  # the device events' native delivery, in place of _forward's
+            for name in _SIM_EVENTS:
+                setattr(self, name, hub.subscriber(name))
 
 
 def _forward(name: str):
@@ -437,8 +437,9 @@ def _forward(name: str):
     return method
 
 
-for _name in ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
-              "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync", "record_stream"):
+_SIM_EVENTS = ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
+               "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync", "record_stream")
+for _name in _SIM_EVENTS:
     setattr(_SimListener, _name, _forward(_name))
 
 

@@ -12,7 +12,12 @@ never held: the shim needs its answer at once, and they come in order anyway.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
+
+from . import native
+
+# how a device event's subscriber turns its arguments into the sinks' (Hub.subscriber)
+KEEP_ARGS, KEY_LAST, DEVICE_ONLY = 0, 1, 2
 
 # device events whose order relative to an op's accesses matters
 HELD = frozenset({
@@ -68,6 +73,24 @@ class Hub:
             return
         for sink in sinks:
             getattr(sink, name)(*args)
+
+    def subscriber(self, name: str, device: Optional[Callable] = None, keying: int = KEEP_ARGS):
+        """A subscriber delivering the device event ``name`` as ``event``
+        does, its arguments made the sinks' by ``keying``: as given; the last
+        one, a stream handle, made the key ``(device(), handle)``; or
+        ``(device(),)`` for an event with no argument.  _event_hook.c's where
+        it was built (no Python frame per event), else Python's."""
+        if native.event_hook is not None:
+            return native.event_hook.Event(self, name, name in HELD, on_thread, device, keying)
+        return self._python_subscriber(name, device, keying)
+
+    def _python_subscriber(self, name: str, device: Optional[Callable], keying: int):
+        event = self.event
+        if keying == KEY_LAST:
+            return lambda *args: event(name, *args[:-1], (device(), args[-1]))
+        if keying == DEVICE_ONLY:
+            return lambda: event(name, device())
+        return lambda *args: event(name, *args)
 
     def direct(self, name: str):
         """The delivery of a device event that is never held (an allocation,

@@ -13,6 +13,8 @@ equivalent that stays the fallback and the reference it is tested against:
   ``_HostLock``);
 - ``trace_hook`` (_trace_hook.c): the device allocation trace's delivery to
   the sanitizers (``backends.py``, ``hub.py``);
+- ``event_hook`` (_event_hook.c): device events' delivery to the sanitizers,
+  or to the op in progress (``hub.py``'s ``Hub.event``, ``backends.py``);
 - the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
 
 Each is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns all of
@@ -42,6 +44,7 @@ feed = _load("_feed")
 storage_feed = _load("_storage_feed")
 trace_hook = _load("_trace_hook")
 host_lock = _load("_host_lock")
+event_hook = _load("_event_hook")
 
 
 def model_class() -> type:
@@ -61,5 +64,5 @@ def in_use() -> dict:
     """Which native parts this process uses (for benchmarks and reports)."""
     return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
-            "host_lock": host_lock is not None,
+            "host_lock": host_lock is not None, "event_hook": event_hook is not None,
             "model": model_class().__module__.endswith("_native_model")}
