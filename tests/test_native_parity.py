@@ -82,7 +82,16 @@ def test_random_programs_get_the_same_findings_both_ways(steps):
         _python_only(monkeypatch)
         assert native.model_class() is lifetime.LifetimeModel
         pure = run_program(steps)
-    assert with_native == pure
+    assert _not_by_chance(with_native) == _not_by_chance(pure)
+
+
+def _not_by_chance(findings: list) -> list:
+    """The findings that do not depend on the host's allocator: a reuse race
+    is reported where the CPU allocator really handed a freed storage's
+    memory to another tensor, which the two runs (one after the other, in
+    one process) may not both see (seen on the GPU host: a reuse_race in the
+    first run only, the uncovered free behind it in both)."""
+    return [line for line in findings if not line.startswith("reuse_race")]
 
 
 def test_the_programs_make_findings():

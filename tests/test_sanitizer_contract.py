@@ -68,6 +68,7 @@ def test_the_dropped_side_stream_tensor_fails_under_the_fixture_every_time(tmp_p
     (tmp_path / "test_user.py").write_text(textwrap.dedent(body) + textwrap.dedent("""
         import pytest
 
+        @pytest.mark.lifetime_sanitizer(device="sim")  # simdevice streams: 'auto' is CUDA where a GPU is
         @pytest.mark.parametrize("run", range(20))
         def test_dropped(lifetime_sanitizer, run):
             step()
