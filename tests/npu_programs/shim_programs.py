@@ -151,6 +151,7 @@ def record_use_shim() -> dict:
     npu_lifetime.install("npu", policy="poll")
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
+    side.wait_stream(torch.npu.current_stream())  # x's fill first: without it the read raced (y wrong in ~1 of 3 runs)
     with torch.npu.stream(side):
         y = x * 2
     npu_lifetime.record_use(x, side)
