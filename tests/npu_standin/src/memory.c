@@ -45,7 +45,7 @@ static size_t cap(void)
     return (size_t)standin_env_u64("NPU_STANDIN_MEMORY_BYTES", DEFAULT_CAP);
 }
 
-static void *grow(void *array, size_t *capacity, size_t count, size_t item)
+void *standin_grow(void *array, size_t *capacity, size_t count, size_t item)
 {
     if (count < *capacity)
         return array;
@@ -59,7 +59,7 @@ static void *grow(void *array, size_t *capacity, size_t count, size_t item)
 /* Lock held. */
 static void add_region(struct region region)
 {
-    regions = grow(regions, &region_capacity, region_count, sizeof *regions);
+    regions = standin_grow(regions, &region_capacity, region_count, sizeof *regions);
     regions[region_count++] = region;
 }
 
@@ -100,7 +100,7 @@ void standin_release_deferred(void)
  * limit, unmap the oldest ones no queued task can still touch. */
 static void to_pool(struct region region)
 {
-    pool = grow(pool, &pool_capacity, pool_count, sizeof *pool);
+    pool = standin_grow(pool, &pool_capacity, pool_count, sizeof *pool);
     pool[pool_count++] = (struct deferred){region, standin_sequence_now()};
     pool_bytes += region.size;
     size_t resident = 0;
@@ -153,7 +153,7 @@ static aclError forget(void *ptr, enum standin_memory_kind kind)
         to_pool(region);
         return ACL_SUCCESS;
     }
-    graveyard = grow(graveyard, &graveyard_capacity, graveyard_count, sizeof *graveyard);
+    graveyard = standin_grow(graveyard, &graveyard_capacity, graveyard_count, sizeof *graveyard);
     graveyard[graveyard_count++] = (struct deferred){region, standin_sequence_now()};
     standin_release_deferred();
     return ACL_SUCCESS;

@@ -20,6 +20,8 @@ int64_t standin_stub_called(const char *name);
 int64_t standin_unimplemented(const char *name);
 void standin_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t standin_env_u64(const char *name, uint64_t fallback);
+/* `array` with room for at least count + 1 items of `item` bytes (doubling; aborts when out of memory) */
+void *standin_grow(void *array, size_t *capacity, size_t count, size_t item);
 
 /* devices.c */
 int standin_device_count(void);

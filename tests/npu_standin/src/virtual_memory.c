@@ -40,17 +40,6 @@ static size_t mapping_count, mapping_capacity;
 static struct reservation *reservations;
 static size_t reservation_count, reservation_capacity;
 
-static void *grow(void *array, size_t *capacity, size_t count, size_t item)
-{
-    if (count < *capacity)
-        return array;
-    *capacity = *capacity ? *capacity * 2 : 16;
-    void *bigger = realloc(array, *capacity * item);
-    if (bigger == NULL)
-        abort();
-    return bigger;
-}
-
 /* Lock held: the reservation holding [at, at + size), or -1. */
 static long reservation_of(const char *at, size_t size)
 {
@@ -97,7 +86,7 @@ aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, vo
     if (start + span > at + size)
         munmap(at + size, (size_t)(start + span - (at + size)));
     standin_lock();
-    reservations = grow(reservations, &reservation_capacity, reservation_count, sizeof *reservations);
+    reservations = standin_grow(reservations, &reservation_capacity, reservation_count, sizeof *reservations);
     reservations[reservation_count++] = (struct reservation){at, size};
     standin_add_device_range(at, size, standin_current_device());
     standin_unlock();
@@ -179,7 +168,7 @@ aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle
         standin_unlock();
         return ACL_ERROR_RT_MEMORY_ALLOCATION;
     }
-    mappings = grow(mappings, &mapping_capacity, mapping_count, sizeof *mappings);
+    mappings = standin_grow(mappings, &mapping_capacity, mapping_count, sizeof *mappings);
     mappings[mapping_count++] = (struct mapping){at, size, chunk};
     chunk->mappings++;
     standin_unlock();
