@@ -524,7 +524,9 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     static void follow_expandable_setting(const Shim& shim) {
         static std::atomic<int> told{0};  // torch's default: off
         int now = torch_expandable_setting() ? 1 : 0;
-        if (told.exchange(now, std::memory_order_relaxed) != now) shim.set_expandable(now);
+        // a plain load on the allocation path; the exchange only when it changed
+        if (told.load(std::memory_order_relaxed) != now && told.exchange(now, std::memory_order_relaxed) != now)
+            shim.set_expandable(now);
     }
 
     static std::function<void*(size_t, int, cudaStream_t)> alloc_fn(const Shim& shim,
