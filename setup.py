@@ -52,6 +52,9 @@ OPTIONAL_EXTENSIONS = [
     # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/sanitizer.py, _HostLock)
     Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_host_lock.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the shim's allocation and free hooks, relayed to their Python subscribers (npu_lifetime/shim/hooks.py)
+    Extension("npu_lifetime.shim._hook_relay", sources=["npu_lifetime/shim/_hook_relay.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the native fallback's table of held storages (npu_lifetime/recording/native_fallback.py)
     Extension("npu_lifetime.recording._holds", sources=["npu_lifetime/recording/_holds.cpp"],
               language="c++",

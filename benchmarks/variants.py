@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS_GPU = ("none", "csan", "lifetime", "lifetime+shim")
-VARIANTS_SIM = ("none", "lifetime")
+VARIANTS_GPU = ("none", "empty-mode", "csan", "lifetime", "lifetime+shim")
+VARIANTS_SIM = ("none", "empty-mode", "lifetime")
 
 
 def setup_variant(variant: str, device: str):
@@ -29,11 +29,23 @@ def setup_variant(variant: str, device: str):
         from torch.cuda._sanitizer import enable_cuda_sanitizer
 
         enable_cuda_sanitizer()
+    if variant == "empty-mode":
+        _enter_empty_mode()
     if variant.startswith("lifetime"):
         from npu_lifetime.sanitizer import LifetimeSanitizer
 
         return LifetimeSanitizer(device, on_race="raise").enable()
     return None
+
+
+def _enter_empty_mode() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class EmptyMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    EmptyMode().__enter__()  # left entered: the child exits after timing
 
 
 def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repeats: int) -> None:
@@ -105,10 +117,14 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
     for variant in variants:
         m = medians[variant]
         print(f"{variant:<15} {m * 1e3:>9.2f} {m / ops * 1e6:>8.2f} {m / base:>8.2f}")
+    floor = medians["empty-mode"] - base
     if "csan" in medians:
         csan = medians["csan"] - base
         for variant in ("lifetime", "lifetime+shim"):
             print(f"{variant} overhead / CSAN overhead = {(medians[variant] - base) / csan:.2f}")
+        print(f"above the empty-mode floor ({floor / ops * 1e6:.2f} us/op): "
+              + ", ".join(f"{v} / CSAN = {(medians[v] - medians['empty-mode']) / (medians['csan'] - medians['empty-mode']):.2f}"
+                          for v in ("lifetime", "lifetime+shim")))
     else:
         print(f"lifetime overhead per op: {(medians['lifetime'] - base) / ops * 1e6:.2f} us "
               "(no CSAN on this device: CSAN needs CUDA)")

@@ -4,20 +4,22 @@
  * (the fallback, and what this file follows line by line); storages not in
  * the table yet, and sizes learnt at first sight, are handed back to it.
  *
- * feed(found, live, sizeless, first_sight, sized, access, stream, fresh_stream, op_name, site)
+ * feed(found, live, sizeless, first_sight, set_size, access, stream, fresh_stream, op_name, site)
  *   found:       [StorageAccess]             (accesses.py)
  *   live:        {address: storage id}       (StorageTable.live)
  *   sizeless:    {storage id}                (StorageTable.sizeless)
  *   first_sight: callable(entry, fresh_stream, site) -> storage id, for an address not in live
  *                (its arguments passed here: no closure to build per op)
- *   sized:       callable(storage id, entry), for an id in sizeless
+ *   set_size:    the model's bound set_size(storage id, nbytes): for an id in sizeless, with the size of
+ *                the entry's storage when it has one (it is then taken out of sizeless; StorageTable.sized)
  *   access:      the model's bound access(sid, stream, is_write, op, site, names)
  * Returns the races the accesses made, as one list.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-static PyObject *str_storage, *str_accessed, *str_is_write, *str_names;
+static PyObject *str_storage, *str_accessed, *str_is_write, *str_names, *str_tensor, *str_untyped_storage,
+    *str_nbytes;
 
 /* _scan.c's AccessBase (accesses.StorageAccess's base), whose slots
  * (access_object.h) are read directly once configure_access(AccessBase) was
@@ -45,6 +47,7 @@ static PyObject *attribute(PyObject *entry, PyObject *name) {
                           : name == str_accessed ? a->accessed
                           : name == str_is_write ? a->is_write
                           : name == str_names    ? a->names
+                          : name == str_tensor   ? a->tensor
                                                  : NULL;
         if (value != NULL) return Py_NewRef(value);
     }
@@ -60,10 +63,29 @@ static int flag(PyObject *entry, PyObject *name) {
     return truth;
 }
 
+/* StorageTable.sized: sid's size from entry.tensor's storage, if it has one. 0, or -1 on error. */
+static int size_from(PyObject *entry, PyObject *sid, PyObject *sizeless, PyObject *set_size) {
+    PyObject *tensor = attribute(entry, str_tensor);
+    PyObject *storage = tensor != NULL ? PyObject_CallMethodNoArgs(tensor, str_untyped_storage) : NULL;
+    Py_XDECREF(tensor);
+    PyObject *nbytes = storage != NULL ? PyObject_CallMethodNoArgs(storage, str_nbytes) : NULL;
+    Py_XDECREF(storage);
+    if (nbytes == NULL) return -1;
+    int known = PyObject_IsTrue(nbytes);
+    PyObject *done = NULL;
+    if (known > 0 && PySet_Discard(sizeless, sid) >= 0) {
+        PyObject *args[2] = {sid, nbytes};
+        done = PyObject_Vectorcall(set_size, args, 2, NULL);
+    }
+    Py_DECREF(nbytes);
+    Py_XDECREF(done);
+    return known < 0 || (known > 0 && done == NULL) ? -1 : 0;
+}
+
 /* The storage id of entry: from live, else first_sight(entry, fresh_stream,
- * site); sized(sid, entry) when it has no size yet.  A new reference, or NULL. */
+ * site); its size set when it has none yet.  A new reference, or NULL. */
 static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless, PyObject *first_sight,
-                            PyObject *sized, PyObject *fresh_stream, PyObject *site) {
+                            PyObject *set_size, PyObject *fresh_stream, PyObject *site) {
     PyObject *address = attribute(entry, str_storage);
     if (address == NULL) return NULL;
     PyObject *sid = PyDict_GetItemWithError(live, address);
@@ -76,12 +98,10 @@ static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless,
     Py_INCREF(sid);
     if (PySet_GET_SIZE(sizeless) > 0) {
         int unsized = PySet_Contains(sizeless, sid);
-        PyObject *done = unsized > 0 ? PyObject_CallFunctionObjArgs(sized, sid, entry, NULL) : NULL;
-        if (unsized < 0 || (unsized > 0 && done == NULL)) {
+        if (unsized < 0 || (unsized > 0 && size_from(entry, sid, sizeless, set_size) < 0)) {
             Py_DECREF(sid);
             return NULL;
         }
-        Py_XDECREF(done);
     }
     return sid;
 }
@@ -111,17 +131,17 @@ static PyObject *feed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 10 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PySet_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError,
-                        "feed(found: list, live: dict, sizeless: set, first_sight, sized, access, stream, fresh_stream, "
+                        "feed(found: list, live: dict, sizeless: set, first_sight, set_size, access, stream, fresh_stream, "
                         "op_name, site)");
         return NULL;
     }
-    PyObject *found = args[0], *live = args[1], *sizeless = args[2], *first_sight = args[3], *sized = args[4];
+    PyObject *found = args[0], *live = args[1], *sizeless = args[2], *first_sight = args[3], *set_size = args[4];
     PyObject *access = args[5], *stream = args[6], *fresh_stream = args[7], *op_name = args[8], *site = args[9];
     PyObject *races = PyList_New(0);
     if (races == NULL) return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
         PyObject *entry = PyList_GET_ITEM(found, i);
-        PyObject *sid = storage_id(entry, live, sizeless, first_sight, sized, fresh_stream, site);
+        PyObject *sid = storage_id(entry, live, sizeless, first_sight, set_size, fresh_stream, site);
         int accessed = sid != NULL ? flag(entry, str_accessed) : -1;
         int failed = accessed < 0 || (accessed && access_one(entry, sid, access, stream, op_name, site, races) < 0);
         Py_XDECREF(sid);
@@ -211,6 +231,10 @@ PyMODINIT_FUNC PyInit__feed(void) {
     str_accessed = PyUnicode_InternFromString("accessed");
     str_is_write = PyUnicode_InternFromString("is_write");
     str_names = PyUnicode_InternFromString("names");
-    if (!str_storage || !str_accessed || !str_is_write || !str_names) return NULL;
+    str_tensor = PyUnicode_InternFromString("tensor");
+    str_untyped_storage = PyUnicode_InternFromString("untyped_storage");
+    str_nbytes = PyUnicode_InternFromString("nbytes");
+    if (!str_storage || !str_accessed || !str_is_write || !str_names || !str_tensor || !str_untyped_storage || !str_nbytes)
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -22,7 +22,11 @@
  *          free(address[, sid]) -> the model's findings (a list; with sid,
  *          only if that storage is still the one at address);
  *          trace_alloc(address, key) / trace_free(address) -> the findings
- *          or None: the same, skipped while the shim is connected.
+ *          or None: the same, skipped while the shim is connected;
+ *          shim_alloc(ptr, size, device, stream) -> None and
+ *          shim_free(ptr, size, device, stream) -> the findings: the same
+ *          in the shim hooks' calling convention (hooks.py subscribes them
+ *          directly, so an allocation or free runs no Python frame).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -270,6 +274,28 @@ static PyObject *m_trace_free(StorageFeed *f, PyObject *address) {
     return free_at(f, address, NULL);
 }
 
+static PyObject *m_shim_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "shim_alloc(ptr, size, device, stream)");
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(2, args[2], args[3]);
+    if (key == NULL) return NULL;
+    PyObject *sid = allocate_at(f, args[0], args[1], key, NULL);
+    Py_DECREF(key);
+    if (sid == NULL) return NULL;
+    Py_DECREF(sid);
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_shim_free(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "shim_free(ptr, size, device, stream)");
+        return NULL;
+    }
+    return free_at(f, args[0], NULL);
+}
+
 static PyMethodDef feed_methods[] = {
     {"allocate", (PyCFunction)(void (*)(void))m_allocate, METH_FASTCALL,
      "allocate(address, size, key[, site]): the storage id; StorageTable.allocate, by default at the op's site "
@@ -278,6 +304,10 @@ static PyMethodDef feed_methods[] = {
      "free(address[, sid]): the model's findings; StorageTable.free."},
     {"trace_alloc", (PyCFunction)(void (*)(void))m_trace_alloc, METH_FASTCALL,
      "trace_alloc(address, key): allocate(address, 0, key), unless the shim is connected."},
+    {"shim_alloc", (PyCFunction)(void (*)(void))m_shim_alloc, METH_FASTCALL,
+     "shim_alloc(ptr, size, device, stream): allocate(ptr, size, (device, stream)), returning None."},
+    {"shim_free", (PyCFunction)(void (*)(void))m_shim_free, METH_FASTCALL,
+     "shim_free(ptr, size, device, stream): free(ptr) (the findings)."},
     {"trace_free", (PyCFunction)m_trace_free, METH_O,
      "trace_free(address): free(address) (the findings), unless the shim is connected (None)."},
     {NULL, NULL, 0, NULL},

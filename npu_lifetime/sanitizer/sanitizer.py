@@ -312,7 +312,7 @@ class LifetimeSanitizer:
             model = self.model
             if native.feed is not None and model.has_stream(stream):  # _accesses, inlined
                 storages = self.storages
-                races = native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, storages.sized,
+                races = native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, model.set_size,
                                          model.access, stream, stream, op_name, site)
             else:
                 races = self._accesses(stream, found, stream, op_name, site)
@@ -324,7 +324,7 @@ class LifetimeSanitizer:
         if not model.has_stream(stream):
             self._stream(stream)
         if native.feed is not None:  # the loop below, in C (_feed.c)
-            return native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, storages.sized,
+            return native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, model.set_size,
                                      model.access, stream, fresh_stream, op_name, site)
         live = storages.live
         races: list = []

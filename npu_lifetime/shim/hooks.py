@@ -13,7 +13,11 @@ subscription is never torn down while a native call is inside it.
 from __future__ import annotations
 
 import atexit
+import importlib
+import os
+import sys
 import threading
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -26,26 +30,45 @@ Callback = Callable[[int, int, int, int], None]
 class Subscription:
     on_alloc: Optional[Callback]
     on_free: Optional[Callback]
+    on_findings: Optional[Callable[[int, list], None]] = None
 
 
 _lock = threading.Lock()
 _subscribers: tuple = ()  # replaced, never mutated: native calls read it without the lock
-_native = None  # the ctypes callbacks, kept alive while set
+_native = None  # the hooks set (ctypes function pointers), kept alive while set
 
 
-def subscribe(on_alloc: Optional[Callback], on_free: Optional[Callback]) -> Subscription:
-    global _subscribers
-    sub = Subscription(on_alloc, on_free)
+def _load_relay():
+    if os.environ.get("NPU_LIFETIME_NATIVE", "1") == "0":
+        return None
+    try:
+        return importlib.import_module(f"{__package__}._hook_relay")
+    except ImportError:  # not built (no compiler or Python headers at install)
+        return None
+
+
+relay = _load_relay()  # _hook_relay.c, or None: the ctypes callbacks below
+
+
+def subscribe(on_alloc: Optional[Callback], on_free: Optional[Callback],
+              on_findings: Optional[Callable[[int, list], None]] = None) -> Subscription:
+    sub = Subscription(on_alloc, on_free, on_findings)
     with _lock:
-        _subscribers = (*_subscribers, sub)
+        _publish((*_subscribers, sub))
         _set_native()
     return sub
 
 
 def unsubscribe(sub: Subscription) -> None:
-    global _subscribers
     with _lock:
-        _subscribers = tuple(s for s in _subscribers if s is not sub)
+        _publish(tuple(s for s in _subscribers if s is not sub))
+
+
+def _publish(subs: tuple) -> None:
+    global _subscribers
+    _subscribers = subs
+    if relay is not None:
+        relay.set_subscribers(tuple((s.on_alloc, s.on_free, s.on_findings) for s in subs))
 
 
 def subscribers() -> tuple:
@@ -55,26 +78,41 @@ def subscribers() -> tuple:
 def _on_alloc(ptr, size, device, stream, _ctx) -> None:
     for sub in _subscribers:
         if sub.on_alloc is not None:
-            sub.on_alloc(ptr or 0, size, device, stream or 0)
+            _call(sub.on_alloc, ptr or 0, size, device, stream or 0)
 
 
 def _on_free(ptr, size, device, stream, _ctx) -> None:
     for sub in _subscribers:
         if sub.on_free is not None:
-            sub.on_free(ptr or 0, size, device, stream or 0)
+            found = _call(sub.on_free, ptr or 0, size, device, stream or 0)
+            if sub.on_findings is not None and type(found) is list and found:
+                _call(sub.on_findings, ptr or 0, found)
+
+
+def _call(fn, *args):
+    """fn(*args); an exception is reported and the relay goes on to the
+    next subscriber (the allocator never sees it), as _hook_relay.c does."""
+    try:
+        return fn(*args)
+    except Exception:
+        print(f"Exception ignored in shim hook subscriber {fn!r}:", file=sys.stderr)
+        traceback.print_exc()
+        return None
 
 
 def _set_native() -> None:
     global _native
     if _native is None:
-        _native = (ALLOC_HOOK(_on_alloc), FREE_HOOK(_on_free))
+        if relay is not None:
+            _native = (ALLOC_HOOK(relay.alloc_hook()), FREE_HOOK(relay.free_hook()))
+        else:
+            _native = (ALLOC_HOOK(_on_alloc), FREE_HOOK(_on_free))
         library().npl_set_hooks(*_native, None)
 
 
 def _clear_native() -> None:
-    global _subscribers
     with _lock:
-        _subscribers = ()
+        _publish(())
         if _native is not None:
             library().npl_set_hooks(ALLOC_HOOK(), FREE_HOOK(), None)
 
