@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=_at_least_one, default=3)
     parser.add_argument("--steps", type=_at_least_one, default=400)
     parser.add_argument("--repeats", type=_at_least_one, default=7)
+    parser.add_argument("--floor", action="store_true",
+                        help="also time an empty TorchDispatchMode: torch's dispatch floor under any such sanitizer")
     args = parser.parse_args()
     if not args.child:
         args.device = _pick_device(parser, args.device)
@@ -92,7 +94,7 @@ def main() -> None:
         run_child(args.child, args.device, lambda: workload(dev, 20), lambda: workload(dev, args.steps), args.repeats)
         return
     alternate(__file__, args.device, args.rounds, ["--steps", str(args.steps), "--repeats", str(args.repeats)],
-              "3-stream hand-off chain")
+              "3-stream hand-off chain", floor=args.floor)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="default: 64 (mlp), 8 (transformer)")
     parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
     parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time an empty TorchDispatchMode: torch's dispatch floor under any such sanitizer")
     args = parser.parse_args()
     if args.batch is None:
         args.batch = 8 if args.model == "transformer" else 64
@@ -190,7 +192,7 @@ def main() -> None:
     alternate(__file__, args.device, args.rounds,
               ["--steps", str(args.steps), "--repeats", str(args.repeats), "--width", str(args.width),
                "--batch", str(args.batch), "--model", args.model, "--layers", str(args.layers)],
-              _describe(args))
+              _describe(args), floor=args.floor)
 
 
 def _describe(args) -> str:

@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS_GPU = ("none", "empty-mode", "csan", "lifetime", "lifetime+shim")
-VARIANTS_SIM = ("none", "empty-mode", "lifetime")
+VARIANTS_GPU = ("none", "csan", "lifetime", "lifetime+shim")
+VARIANTS_SIM = ("none", "lifetime")
+FLOOR = "empty-mode"
+CHILD_TIMEOUT_S = 300
 
 
 def setup_variant(variant: str, device: str):
-    """In a child: installs what the variant needs; returns the lifetime
-    sanitizer (enabled) or None."""
+    """In a child: installs what the variant needs; returns what must be
+    undone at the end: the lifetime sanitizer (enabled), the empty mode
+    (entered), or None."""
     if variant == "lifetime+shim":
         import npu_lifetime
 
@@ -29,8 +32,10 @@ def setup_variant(variant: str, device: str):
         from torch.cuda._sanitizer import enable_cuda_sanitizer
 
         enable_cuda_sanitizer()
-    if variant == "empty-mode":
-        _enter_empty_mode()
+    if variant == FLOOR:
+        mode = _empty_mode()
+        mode.__enter__()
+        return mode
     if variant.startswith("lifetime"):
         from npu_lifetime.sanitizer import LifetimeSanitizer
 
@@ -38,21 +43,33 @@ def setup_variant(variant: str, device: str):
     return None
 
 
-def _enter_empty_mode() -> None:
+def _empty_mode():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class EmptyMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    EmptyMode().__enter__()  # left entered: the child exits after timing
+    return EmptyMode()
+
+
+def finish_variant(installed) -> None:
+    """Undoes ``setup_variant``; a sanitizer must have found nothing that fails."""
+    if installed is None:
+        return
+    if not hasattr(installed, "flush"):  # the empty mode
+        installed.__exit__(None, None, None)
+        return
+    installed.disable()
+    findings = installed.failing([f for f in installed.flush() if not getattr(f, "live", False)])
+    assert not findings, installed.report(findings)
 
 
 def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repeats: int) -> None:
     """In a child: warm up, time ``run()`` (which returns its op count)
     ``repeats`` times, check the sanitizer found nothing that fails, print
     one JSON line."""
-    sanitizer = setup_variant(variant, device)
+    installed = setup_variant(variant, device)
     warm_up()
     times, ops = [], 0
     for _ in range(repeats):
@@ -60,10 +77,7 @@ def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repea
         ops = run()
         times.append(time.perf_counter() - t0)
     _profile_once(run)
-    if sanitizer is not None:
-        sanitizer.disable()
-        findings = sanitizer.failing([f for f in sanitizer.flush() if not getattr(f, "live", False)])
-        assert not findings, sanitizer.report(findings)
+    finish_variant(installed)
     print(json.dumps({"times": times, "ops": ops}))
 
 
@@ -88,19 +102,23 @@ def _profile_once(run: Callable) -> None:
     Path(path).write_text(text.getvalue())
 
 
-def alternate(script: str, device: str, rounds: int, child_args: list, describe: str) -> dict:
+def alternate(script: str, device: str, rounds: int, child_args: list, describe: str, floor: bool = False) -> dict:
     """In the parent: runs every variant ``rounds`` times in fresh processes
-    (order reversed every other round); prints the table; returns medians."""
-    variants = VARIANTS_GPU if device == "cuda" else VARIANTS_SIM
+    (order reversed every other round); prints the table; returns medians.
+    ``floor``: the empty-mode variant too."""
+    variants = (VARIANTS_GPU if device == "cuda" else VARIANTS_SIM) + ((FLOOR,) if floor else ())
     samples: dict = {v: [] for v in variants}
     ops = 0
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     for r in range(rounds):
         for variant in variants if r % 2 == 0 else reversed(variants):
-            done = subprocess.run(
-                [sys.executable, script, "--child", variant, "--device", device, *child_args],
-                capture_output=True, text=True, env=env, cwd=ROOT,
-            )
+            try:
+                done = subprocess.run(
+                    [sys.executable, script, "--child", variant, "--device", device, *child_args],
+                    capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"{variant} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
             if done.returncode != 0:
                 raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,14 +135,15 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
     for variant in variants:
         m = medians[variant]
         print(f"{variant:<15} {m * 1e3:>9.2f} {m / ops * 1e6:>8.2f} {m / base:>8.2f}")
-    floor = medians["empty-mode"] - base
     if "csan" in medians:
         csan = medians["csan"] - base
         for variant in ("lifetime", "lifetime+shim"):
             print(f"{variant} overhead / CSAN overhead = {(medians[variant] - base) / csan:.2f}")
-        print(f"above the empty-mode floor ({floor / ops * 1e6:.2f} us/op): "
-              + ", ".join(f"{v} / CSAN = {(medians[v] - medians['empty-mode']) / (medians['csan'] - medians['empty-mode']):.2f}"
-                          for v in ("lifetime", "lifetime+shim")))
+        if FLOOR in medians:
+            above = medians["csan"] - medians[FLOOR]
+            print(f"above the empty-mode floor ({(medians[FLOOR] - base) / ops * 1e6:.2f} us/op): "
+                  + ", ".join(f"{v} / CSAN = {(medians[v] - medians[FLOOR]) / above:.2f}"
+                              for v in ("lifetime", "lifetime+shim")))
     else:
         print(f"lifetime overhead per op: {(medians['lifetime'] - base) / ops * 1e6:.2f} us "
               "(no CSAN on this device: CSAN needs CUDA)")
