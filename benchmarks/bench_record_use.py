@@ -6,7 +6,9 @@ record_stream, measured in the same run (interleaved rounds, medians).
 cuda: one child process with the shim installed (the fast path; the goal is
 <= 2 us and <= 2x a raw torch.cuda.Event.record), one with the native
 caching allocator (the fallback; the goal is <= 3 us per call, for one
-storage re-recorded and for a new storage each call).  sim: the same fast
+storage re-recorded and for a new storage each call), and the fallback once
+more with torch's events instead of raw CUDA events
+(NPU_LIFETIME_TORCH_EVENTS=1), for comparison.  sim: the same fast
 path on CPU tensors over the shim's simulated runtime, simdevice streams:
 the Python overhead only, there is no device call behind it.  fallback:
 NativeFallback.record itself over a fake device API whose event record and
@@ -115,7 +117,9 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     module.synchronize()
     fallback = FALLBACK.for_device(device_type)
     table = getattr(getattr(native_fallback, "Table", None), "__module__", "none: before the table")
-    return {"allocator": f"{device_type} native caching allocator (table: {table})", "us": out,
+    table_object = getattr(fallback, "_table", None)
+    events = "raw CUDA events" if getattr(table_object, "uses_runtime", False) else f"torch.{device_type}.Event"
+    return {"allocator": f"{device_type} native caching allocator (table: {table}; {events})", "us": out,
             "fallback": dict(fallback.counts)}
 
 
@@ -324,6 +328,9 @@ def main() -> None:
         results = [npu_standin_child(args.calls, args.rounds)]
     else:
         results = [run_child(child, args.calls, args.rounds) for child in ("cuda_shim", "cuda_native")]
+        # the fallback again with torch's events (the table's CudaRuntime off): both in one run
+        torch_events = dict(os.environ, NPU_LIFETIME_TORCH_EVENTS="1")
+        results.append(run_child("cuda_native", args.calls, args.rounds, env=torch_events))
     print(f"per-call host time, median of {args.rounds} interleaved rounds of {args.calls} calls")
     for result in results:
         print(f"\nallocator: {result['allocator']}")
