@@ -57,6 +57,7 @@ OPTIONAL_EXTENSIONS = [
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the native fallback's table of held storages (npu_lifetime/recording/native_fallback.py)
     Extension("npu_lifetime.recording._holds", sources=["npu_lifetime/recording/_holds.cpp"],
+              depends=["npu_lifetime/recording/cuda_runtime.h"], libraries=["dl"],
               language="c++",
               extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]),
     # the lifetime model in C++ (npu_lifetime/lifetime/model.py stays the reference)

@@ -6,7 +6,9 @@ record_stream, measured in the same run (interleaved rounds, medians).
 cuda: one child process with the shim installed (the fast path; the goal is
 <= 2 us and <= 2x a raw torch.cuda.Event.record), one with the native
 caching allocator (the fallback; the goal is <= 3 us per call, for one
-storage re-recorded and for a new storage each call).  sim: the same fast
+storage re-recorded and for a new storage each call), and the fallback once
+more with torch's events instead of raw CUDA events
+(NPU_LIFETIME_TORCH_EVENTS=1), for comparison.  sim: the same fast
 path on CPU tensors over the shim's simulated runtime, simdevice streams:
 the Python overhead only, there is no device call behind it.  fallback:
 NativeFallback.record itself over a fake device API whose event record and
@@ -115,7 +117,9 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     module.synchronize()
     fallback = FALLBACK.for_device(device_type)
     table = getattr(getattr(native_fallback, "Table", None), "__module__", "none: before the table")
-    return {"allocator": f"{device_type} native caching allocator (table: {table})", "us": out,
+    table_object = getattr(fallback, "_table", None)
+    events = "raw CUDA events" if getattr(table_object, "uses_runtime", False) else f"torch.{device_type}.Event"
+    return {"allocator": f"{device_type} native caching allocator (table: {table}; {events})", "us": out,
             "fallback": dict(fallback.counts)}
 
 
@@ -129,22 +133,44 @@ def npu_native(calls: int, rounds: int) -> dict:
     return native("npu", calls, rounds)
 
 
-def fallback_fake(calls: int, rounds: int) -> dict:
+def fallback_fake(calls: int, rounds: int) -> list:
     """NativeFallback over a fake device API: no device call behind it.
     Timed in the calling thread's CPU time (on a shared machine wall time
     would mostly measure the neighbours): one storage re-recorded, a new
     storage each call (the storages are made, and released after, outside
-    the timing), and the fast path's call (fallback.fast: its type checks,
-    then the same record).  The fake's calls are C callables that do
-    nothing, as torch's bindings are C calls (operator.is_ for the event
-    record, bool for the capture check, attrgetters for handle and device),
-    so the figures are the fallback's own cost."""
+    the timing), the fast path's call (fallback.fast: its type checks, then
+    the same record) and the whole ``npu_lifetime.record_use`` call over it
+    (the Python entry: compile and dispatch-mode checks).  Twice: events
+    through the device API's callables (C callables that do nothing, as
+    torch's bindings are C calls: operator.is_ for the event record, bool
+    for the capture check), and raw events through the stand-in libcudart of
+    tests/fake_cudart (the path a CUDA build takes; its calls take a mutex
+    and count)."""
+    results = [_fallback_fake_run(calls, rounds)]
+    try:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import fake_cudart
+
+        from npu_lifetime.recording._holds import CudaRuntime
+    except (ImportError, OSError, subprocess.CalledProcessError) as err:  # no extension or no C compiler
+        print(f"raw events not measured: {err}")
+        return results
+    fake = fake_cudart.FakeCudart()
+    fake.reset()
+    fake.stream_device(2, -1)  # the side stream, on a CPU tensor's device
+    results.append(_fallback_fake_run(calls, rounds, runtime=lambda: CudaRuntime(fake.path), run=fake.run))
+    return results
+
+
+def _fallback_fake_run(calls: int, rounds: int, runtime=None, run=None) -> dict:
+    """One fallback_fake run; ``runtime``: a CudaRuntime maker (raw events),
+    ``run(handle)``: its stream's work finishes."""
     import operator
-    import statistics
-    import time
 
     import torch
 
+    import npu_lifetime
+    from npu_lifetime.recording import calls as recording_calls
     from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
 
     class Stream:
@@ -168,39 +194,51 @@ def fallback_fake(calls: int, rounds: int) -> dict:
         segments = staticmethod(lambda: [{"address": 0, "total_size": 1 << 62, "device": -1, "stream": 1}])
         segment_version = staticmethod(lambda device: (0, 0))
 
+    if runtime is not None:
+        FakeAPI.runtime = staticmethod(runtime)
     fallback = NativeFallback(FakeAPI(), gate=CaptureGate())
-    side, event, x, y = Stream(2), Event(), torch.ones(4), torch.ones(4)
-    fast = getattr(fallback, "fast", None)  # (the code before the table had none)
+    side, event, x, y, z = Stream(2), Event(), torch.ones(4), torch.ones(4), torch.ones(4)
+    entry = recording_calls.fallback_fast_path(fallback.fast, "is_cpu", lambda device: None)
     names = ["event_record (a Python no-op)", "NativeFallback.record, one storage",
-             "NativeFallback.record, a new storage each call"] + (["NativeFallback.fast, one storage"] if fast else [])
+             "NativeFallback.record, a new storage each call", "NativeFallback.fast, one storage",
+             "npu_lifetime.record_use over it, one storage"]
     samples = {name: [] for name in names}
-    for _ in range(rounds + 1):  # the first round warms up
-        fresh = [torch.ones(4) for _ in range(calls)]
-        times = [time.thread_time()]
-        for _ in range(calls):
-            event.record(side)
-        times.append(time.thread_time())
-        for _ in range(calls):
-            fallback.record(x, side)
-        times.append(time.thread_time())
-        for t in fresh:
-            fallback.record(t, side)
-        times.append(time.thread_time())
-        if fast:
+    saved_fast = recording_calls._fast
+    recording_calls._fast = entry  # record_use's fast path, as _fallback_fast makes it for cuda
+    try:
+        for _ in range(rounds + 1):  # the first round warms up
+            fresh = [torch.ones(4) for _ in range(calls)]
+            times = [time.thread_time()]
             for _ in range(calls):
-                fast(y, side)
+                event.record(side)
             times.append(time.thread_time())
-        for name, t0, t1 in zip(samples, times, times[1:]):
-            samples[name].append((t1 - t0) / calls * 1e6)
-        FakeAPI.fired = True
-        fallback.reclaim()
-        FakeAPI.fired = False
+            for _ in range(calls):
+                fallback.record(x, side)
+            times.append(time.thread_time())
+            for t in fresh:
+                fallback.record(t, side)
+            times.append(time.thread_time())
+            for _ in range(calls):
+                fallback.fast(y, side)
+            times.append(time.thread_time())
+            for _ in range(calls):
+                npu_lifetime.record_use(z, side)
+            times.append(time.thread_time())
+            for name, t0, t1 in zip(samples, times, times[1:]):
+                samples[name].append((t1 - t0) / calls * 1e6)
+            FakeAPI.fired = True
+            if run is not None:
+                run(side.handle)
+            fallback.reclaim()
+            FakeAPI.fired = False
+    finally:
+        recording_calls._fast = saved_fast
     fallback.stop_background()
     out = {name: statistics.median(v[1:]) for name, v in samples.items()}
-    table = getattr(fallback, "_table", None)
+    table = fallback._table
+    events = "raw events, stand-in libcudart" if table.uses_runtime else "events through the callables"
     return {"allocator": "none: the fallback over a fake device API (its own cost, thread CPU time; table: "
-                         f"{type(table).__module__ if table is not None else 'none, before the table'})",
-            "us": out, "fallback": fallback.counts}
+                         f"{type(table).__module__}; {events})", "us": out, "fallback": fallback.counts}
 
 
 def sim(calls: int, rounds: int) -> dict:
@@ -285,11 +323,14 @@ def main() -> None:
     if device == "sim":
         results = [sim(args.calls, args.rounds)]
     elif device == "fallback":
-        results = [fallback_fake(args.calls, args.rounds)]
+        results = fallback_fake(args.calls, args.rounds)
     elif device == "npu":
         results = [npu_standin_child(args.calls, args.rounds)]
     else:
         results = [run_child(child, args.calls, args.rounds) for child in ("cuda_shim", "cuda_native")]
+        # the fallback again with torch's events (the table's CudaRuntime off): both in one run
+        torch_events = dict(os.environ, NPU_LIFETIME_TORCH_EVENTS="1")
+        results.append(run_child("cuda_native", args.calls, args.rounds, env=torch_events))
     print(f"per-call host time, median of {args.rounds} interleaved rounds of {args.calls} calls")
     for result in results:
         print(f"\nallocator: {result['allocator']}")

@@ -52,6 +52,14 @@ def test_fallback_out_of_memory_observer_releases_what_fired():
     assert r["out_of_memory_polls"] >= 1 and r["allocated_after"], r
 
 
+def test_fallback_records_raw_cuda_events_and_leaves_no_error_for_torch():
+    r = run_program("record_use_programs.py", "fallback_raw_events")
+    assert r["raw_events"], "the table did not find torch's CUDA runtime: it fell back to torch.cuda.Event"
+    assert r["released_while_busy"] == 0 and r["error"] is None, r  # a not-ready query's status was cleared
+    assert r["released"] and r["held_on_default"] == 1 and r["released_default"], r
+    assert r["events_created"] >= 1 and r["recorded"] == 2, r
+
+
 def test_shim_record_use_stays_on_the_fast_path():
     r = run_program("record_use_programs.py", "shim_fast_path")
     assert r["slow_calls"] == 0

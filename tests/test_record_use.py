@@ -113,6 +113,28 @@ def test_compiled_call_without_a_stream_follows_the_current_stream(dev):
     assert set(use_events(dev, x)) == {dev.handle(a)} and set(use_events(dev, y)) == {dev.handle(b)}
 
 
+def test_the_fallback_fast_path_steps_aside_while_dynamo_traces(monkeypatch):
+    """The fast path to the native fallback asks is_dynamo_compiling (one
+    Python call, folded to True by dynamo) where the checked path asks
+    is_compiling: traced, it must leave the call to the op; eager, it records."""
+    torch._dynamo.reset()
+    recorded = []
+    fast = record_use_calls.fallback_fast_path(lambda t, s: recorded.append(s) or True, "is_cpu", lambda d: "current")
+    monkeypatch.setattr(record_use_calls, "_fast", fast)
+    ops = []
+    monkeypatch.setattr(record_use_calls, "_record_use_traced", lambda t, s: ops.append(s))
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(t):
+        npu_lifetime.record_use(t, "side")
+        return t + 1
+
+    step(torch.ones(2))
+    assert ops == ["side"] and recorded == []  # traced: the op's path, the fast path never ran
+    npu_lifetime.record_use(torch.ones(2))
+    assert recorded == ["current"]  # eager: the fast path, the current stream for None
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda x, s: npu_lifetime.record_use([1, 2], s), "needs a tensor"),
     (lambda x, s: npu_lifetime.record_use(x, torch.cpu.Stream()), "takes a simdevice stream"),

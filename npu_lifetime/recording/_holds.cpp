@@ -10,6 +10,12 @@
 // entry is released.  Events come from a per-device pool of fired events and
 // are only created when the pool is empty.
 //
+// Events: either the device API's Python objects, recorded and queried
+// through its callables (torch_npu: its records go through its task queue),
+// or, given a CudaRuntime, raw CUDA events made, recorded and queried
+// through the CUDA runtime directly (cuda_runtime.h): no Python call per
+// event, and a poll runs without the GIL.
+//
 // Locking: one mutex per table, taken with the GIL held; when it is busy the
 // GIL is released while waiting (the holder may be inside a device call that
 // released the GIL).  References are dropped after the mutex is released:
@@ -20,18 +26,25 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "cuda_runtime.h"
+
 namespace {
+
+using npl_holds::CudaCalls;
 
 struct Entry {
     PyObject* storage;  // owned
-    PyObject* event;    // owned
+    PyObject* event;    // owned; nullptr for a raw event
+    void* raw;          // the raw CUDA event (a table with a runtime)
     uintptr_t handle;
     Entry* prev;
     Entry* next;
@@ -74,6 +87,7 @@ struct Core {
     std::unordered_map<Key, Entry*, KeyHash> entries;
     std::unordered_map<uintptr_t, Fifo> fifos;
     std::unordered_map<long, std::vector<PyObject*>> idle_events;  // device -> fired events, owned
+    std::unordered_map<long, std::vector<void*>> idle_raw;          // device -> fired raw events
     std::vector<Segment> segments;  // sorted by start: the segment table's last rebuild
 };
 
@@ -93,9 +107,12 @@ bool another_streams_memory(const Core* core, uintptr_t ptr, long device, uintpt
     return ptr < seg.end && seg.device == device && seg.owner != handle;
 }
 
-enum Count { RECORDED, EVENTS_CREATED, QUERIES, RELEASED, ON_ALLOCATION_STREAM, IN_CAPTURE, N_COUNTS };
-const char* const kCountNames[N_COUNTS] = {"recorded", "events_created", "queries",
-                                           "released", "on_allocation_stream", "in_capture"};
+enum Count {
+    RECORDED, EVENTS_CREATED, QUERIES, RELEASED, ON_ALLOCATION_STREAM, IN_CAPTURE, CAPTURING_SKIPPED, N_COUNTS
+};
+const char* const kCountNames[N_COUNTS] = {"recorded",   "events_created", "queries",
+                                           "released",   "on_allocation_stream", "in_capture",
+                                           "capturing_streams_skipped"};
 
 // The device API as Python callables, and what the fast path checks.
 enum Callable {
@@ -121,7 +138,17 @@ struct Table {
     PyObject* device_flag;   // str: the tensor attribute that is True on this device ("is_cuda")
     PyObject* stream_type;   // the one stream type the fast path takes
     PyObject* tensor_type;   // torch.Tensor
-    unsigned long long counts[N_COUNTS];
+    PyObject* runtime;       // a CudaRuntime, or nullptr: events through the callables
+    const CudaCalls* cu;     // the runtime's calls, or nullptr
+    PyObject* underway;      // a set: the graph captures underway (the capture gate's), or nullptr
+    std::atomic<unsigned long long> counts[N_COUNTS];  // written with or without the GIL
+};
+
+// CudaRuntime(path): the CUDA runtime calls of a library already loaded.
+struct CudaRuntime {
+    PyObject_HEAD
+    void* library;
+    CudaCalls calls;
 };
 
 // Runs an entry point's body: a C++ exception (bad_alloc from a container)
@@ -142,6 +169,7 @@ PyObject* s_untyped_storage;
 PyObject* s_data_ptr;
 PyObject* s_device_index;
 PyObject* s_get_device;
+PyObject* s_synchronize;
 
 // -- locking ---------------------------------------------------------------------
 class Locked {
@@ -184,16 +212,63 @@ void append(Fifo& fifo, Entry* e) {
 }
 
 // -- recording ---------------------------------------------------------------------
-// The event for a new entry on `device`: a fired one from the pool, else a new one.
-PyObject* take_event(Table* self, Core* core, long device) {
+void bump(Table* self, Count count, unsigned long long n = 1) {
+    self->counts[count].fetch_add(n, std::memory_order_relaxed);
+}
+
+// A CUDA runtime call that failed: its status is cleared (cuda_runtime.h,
+// forget) and raised.  Returns -1.
+int cuda_failed(Table* self, const char* call, npl_holds::cudaError err) {
+    npl_holds::forget(*self->cu, err);
+    PyErr_Format(PyExc_RuntimeError, "npu_lifetime: %s failed with CUDA error %d", call, err);
+    return -1;
+}
+
+// The event for a new entry on `device`: a fired one from the pool, else a
+// new one.  0, or -1 with an exception.
+int take_event(Table* self, Core* core, long device, Entry* entry) {
+    if (self->cu != nullptr) {
+        std::vector<void*>& idle = core->idle_raw[device];
+        if (!idle.empty()) {
+            entry->raw = idle.back();
+            idle.pop_back();
+            return 0;
+        }
+        bump(self, EVENTS_CREATED);
+        npl_holds::cudaError err = npl_holds::create_event(*self->cu, static_cast<int>(device), &entry->raw);
+        return err == npl_holds::kSuccess ? 0 : cuda_failed(self, "cudaEventCreateWithFlags", err);
+    }
     auto it = core->idle_events.find(device);
     if (it != core->idle_events.end() && !it->second.empty()) {
-        PyObject* event = it->second.back();
+        entry->event = it->second.back();
         it->second.pop_back();
-        return event;
+        return 0;
     }
-    self->counts[EVENTS_CREATED]++;
-    return PyObject_CallNoArgs(self->call[NEW_EVENT]);
+    bump(self, EVENTS_CREATED);
+    entry->event = PyObject_CallNoArgs(self->call[NEW_EVENT]);
+    return entry->event == nullptr ? -1 : 0;
+}
+
+// A released (fired) or never-recorded entry's event goes back to the pool.
+void pool_event(Core* core, long device, Entry* entry) {
+    if (entry->event != nullptr) core->idle_events[device].push_back(entry->event);  // the pool takes the reference
+    else core->idle_raw[device].push_back(entry->raw);
+}
+
+// Records the entry's event on its stream (of `device`).  0, or -1 with an exception.
+int record_event(Table* self, Entry* entry, PyObject* stream, long device) {
+    if (self->cu != nullptr) {
+        const CudaCalls& cu = *self->cu;
+        void* raw_stream = reinterpret_cast<void*>(entry->handle);
+        // on the stream's device: the legacy default stream (handle 0) is the current device's
+        npl_holds::cudaError err =
+            npl_holds::on_device(cu, static_cast<int>(device), [&] { return cu.EventRecord(entry->raw, raw_stream); });
+        return err == npl_holds::kSuccess ? 0 : cuda_failed(self, "cudaEventRecord", err);
+    }
+    PyObject* done = PyObject_CallFunctionObjArgs(self->call[RECORD_EVENT], entry->event, stream, nullptr);
+    if (done == nullptr) return -1;
+    Py_DECREF(done);
+    return 0;
 }
 
 // Records under the lock: a hit moves its entry to the tail, a miss adds one
@@ -214,13 +289,15 @@ int record_locked(Table* self, PyObject* storage, PyObject* stream, uintptr_t ha
             unlink(fifo, entry);
             append(fifo, entry);
         }
+        device = fifo.device;
     } else {
-        PyObject* event = take_event(self, core, device);
-        if (event == nullptr) return -1;
-        entry = new (std::nothrow) Entry{storage, event, handle, nullptr, nullptr};
+        entry = new (std::nothrow) Entry{storage, nullptr, nullptr, handle, nullptr, nullptr};
         if (entry == nullptr) {
-            drops.refs.push_back(event);
             PyErr_NoMemory();
+            return -1;
+        }
+        if (take_event(self, core, device, entry) < 0) {
+            delete entry;
             return -1;
         }
         Py_INCREF(storage);
@@ -234,14 +311,13 @@ int record_locked(Table* self, PyObject* storage, PyObject* stream, uintptr_t ha
         append(fifo_it->second, entry);
         core->entries.emplace(key, entry);
     }
-    PyObject* done = PyObject_CallFunctionObjArgs(self->call[RECORD_EVENT], entry->event, stream, nullptr);
-    if (done == nullptr) {
+    if (record_event(self, entry, stream, device) < 0) {
         if (fresh) {  // nothing recorded: no entry
             Fifo& fifo = core->fifos[handle];
             unlink(fifo, entry);
             core->entries.erase(key);
             drops.refs.push_back(entry->storage);
-            drops.refs.push_back(entry->event);
+            pool_event(core, device, entry);
             delete entry;
             if (fifo.head == nullptr) {
                 drops.refs.push_back(fifo.stream);
@@ -250,8 +326,7 @@ int record_locked(Table* self, PyObject* storage, PyObject* stream, uintptr_t ha
         }
         return -1;
     }
-    Py_DECREF(done);
-    self->counts[RECORDED]++;
+    bump(self, RECORDED);
     return first ? 2 : 1;
 }
 
@@ -295,21 +370,35 @@ PyObject* record_storage(Table* self, PyObject* tensor, PyObject* stream, PyObje
 }
 
 // record_storage for a storage with memory at ptr_obj (borrowed).
-PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObject* storage, PyObject* ptr_obj) {
+// Whether the call must not record (1), 0 when it may, -1 on error.  With a
+// runtime: the use stream captures (the runtime's answer), or a capture
+// through torch's graph classes is underway and the calling thread's
+// current stream captures (IS_CAPTURING, asked only then); without one,
+// IS_CAPTURING.
+int in_capture(Table* self, uintptr_t handle) {
+    if (self->cu != nullptr) {
+        if (npl_holds::capturing(*self->cu, reinterpret_cast<void*>(handle))) return 1;
+        if (self->underway == nullptr || PySet_GET_SIZE(self->underway) == 0) return 0;
+    }
     PyObject* capturing = PyObject_CallNoArgs(self->call[IS_CAPTURING]);
-    if (capturing == nullptr) return nullptr;
-    int in_capture = PyObject_IsTrue(capturing);
+    if (capturing == nullptr) return -1;
+    int answer = PyObject_IsTrue(capturing);
     Py_DECREF(capturing);
-    if (in_capture < 0) return nullptr;
-    if (in_capture) {  // nothing may be recorded or queried: the allocator's own deferral
+    return answer;
+}
+
+PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObject* storage, PyObject* ptr_obj) {
+    uintptr_t handle;
+    if (as_handle(PyObject_CallOneArg(self->call[HANDLE], stream), &handle) < 0) return nullptr;
+    int capturing = in_capture(self, handle);
+    if (capturing < 0) return nullptr;
+    if (capturing) {  // nothing may be recorded or queried: the allocator's own deferral
         PyObject* done = PyObject_CallFunctionObjArgs(self->call[RECORD_STREAM], tensor, stream, nullptr);
         if (done == nullptr) return nullptr;
         Py_DECREF(done);
-        self->counts[IN_CAPTURE]++;
+        bump(self, IN_CAPTURE);
         Py_RETURN_TRUE;
     }
-    uintptr_t handle;
-    if (as_handle(PyObject_CallOneArg(self->call[HANDLE], stream), &handle) < 0) return nullptr;
     Core* core = self->core;
     {  // a held entry (the common case): re-record it, one lock
         Drops drops;
@@ -337,7 +426,7 @@ PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObjec
         Py_DECREF(skip);
         if (on_allocation_stream < 0) return nullptr;
         if (on_allocation_stream) {
-            self->counts[ON_ALLOCATION_STREAM]++;
+            bump(self, ON_ALLOCATION_STREAM);
             Py_RETURN_TRUE;
         }
     }
@@ -404,13 +493,26 @@ PyObject* Table_fast(Table* self, PyObject* const* args, Py_ssize_t nargs) {
 // -- releasing ---------------------------------------------------------------------
 // poll(stream_capturing=None): releases every FIFO's fired head entries,
 // stopping at the first unfired one (a stream's events fire in order);
-// skips a FIFO whose stream stream_capturing(stream) says captures.  The
-// caller holds the capture gate.  Returns how many were released.
+// skips a FIFO whose stream stream_capturing(stream) says captures (with a
+// runtime: whose stream the runtime says captures, always).  The caller
+// holds the capture gate.  Returns how many were released.
 PyObject* poll(Table* self, PyObject* stream_capturing);
+PyObject* poll_raw(Table* self);
 
 PyObject* Table_poll(Table* self, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* stream_capturing = nargs > 0 ? args[0] : Py_None;
+    if (self->cu != nullptr) return poll_raw(self);
     return guarded([&] { return poll(self, stream_capturing); });
+}
+
+// Unlinks a fired head entry; its storage reference goes to `drops`, its event to the pool.
+void release_head(Core* core, Fifo& fifo, uintptr_t handle, std::vector<PyObject*>& drops) {
+    Entry* head = fifo.head;
+    unlink(fifo, head);
+    core->entries.erase(Key{head->storage, handle});
+    drops.push_back(head->storage);
+    pool_event(core, fifo.device, head);
+    delete head;
 }
 
 PyObject* poll(Table* self, PyObject* stream_capturing) {
@@ -431,19 +533,13 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
             if (capturing) continue;
         }
         while (fifo.head != nullptr) {
-            Entry* head = fifo.head;
-            self->counts[QUERIES]++;
-            PyObject* answer = PyObject_CallOneArg(self->call[QUERY], head->event);
+            bump(self, QUERIES);
+            PyObject* answer = PyObject_CallOneArg(self->call[QUERY], fifo.head->event);
             int fired = answer == nullptr ? -1 : PyObject_IsTrue(answer);
             Py_XDECREF(answer);
             if (fired < 0) return nullptr;
             if (!fired) break;  // later entries on this stream were recorded after it
-            unlink(fifo, head);
-            core->entries.erase(Key{head->storage, handle});
-            drops.refs.push_back(head->storage);
-            std::vector<PyObject*>& idle = core->idle_events[fifo.device];
-            idle.push_back(head->event);  // the pool takes the entry's reference
-            delete head;
+            release_head(core, fifo, handle, drops.refs);
             released++;
         }
         if (fifo.head == nullptr) {
@@ -451,7 +547,63 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
             core->fifos.erase(handle);
         }
     }
-    self->counts[RELEASED] += static_cast<unsigned long long>(released);
+    bump(self, RELEASED, static_cast<unsigned long long>(released));
+    return PyLong_FromSsize_t(released);
+}
+
+// poll() with a runtime, under the mutex, without the GIL (no Python call):
+// the first query error other than not-ready goes to `failure`.
+Py_ssize_t release_fired_raw(Table* self, Core* core, std::vector<PyObject*>& drops, npl_holds::cudaError* failure) {
+    const CudaCalls& cu = *self->cu;
+    Py_ssize_t released = 0;
+    for (auto it = core->fifos.begin(); it != core->fifos.end();) {
+        Fifo& fifo = it->second;
+        if (npl_holds::capturing(cu, reinterpret_cast<void*>(it->first))) {  // no query on a capturing stream
+            bump(self, CAPTURING_SKIPPED);
+            ++it;
+            continue;
+        }
+        while (fifo.head != nullptr) {
+            bump(self, QUERIES);
+            npl_holds::cudaError err = cu.EventQuery(fifo.head->raw);
+            if (err != npl_holds::kSuccess) {
+                npl_holds::forget(cu, err);
+                if (err != npl_holds::kNotReady && *failure == npl_holds::kSuccess) *failure = err;
+                break;  // later entries on this stream were recorded after it
+            }
+            release_head(core, fifo, it->first, drops);
+            released++;
+        }
+        if (fifo.head == nullptr) {
+            drops.push_back(fifo.stream);
+            it = core->fifos.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return released;
+}
+
+PyObject* poll_raw(Table* self) {
+    Core* core = self->core;
+    Drops drops;  // dropped last, with the GIL
+    npl_holds::cudaError failure = npl_holds::kSuccess;
+    bool out_of_memory = false;
+    Py_ssize_t released = 0;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        std::lock_guard<std::mutex> lock(core->mu);  // no holder waits for the GIL: no Python call runs under it
+        released = release_fired_raw(self, core, drops.refs, &failure);
+    } catch (const std::bad_alloc&) {
+        out_of_memory = true;
+    }
+    Py_END_ALLOW_THREADS
+    bump(self, RELEASED, static_cast<unsigned long long>(released));
+    if (out_of_memory) return PyErr_NoMemory();
+    if (failure != npl_holds::kSuccess) {
+        PyErr_Format(PyExc_RuntimeError, "npu_lifetime: cudaEventQuery failed with CUDA error %d", failure);
+        return nullptr;
+    }
     return PyLong_FromSsize_t(released);
 }
 
@@ -494,24 +646,68 @@ PyObject* Table_has_entries(Table* self, PyObject*) {
     return PyBool_FromLong(!self->core->fifos.empty());
 }
 
-// entries_of(storage): [(stream, event)] for each stream holding it.
-PyObject* Table_entries_of(Table* self, PyObject* storage) {
-    Core* core = self->core;
+// Whether an entry's event has not fired: 1 pending, 0 fired, -1 error.
+// With a runtime a stream that captures counts as pending (no query), and
+// so does a query error (the memory stays: never early).
+int pending(Table* self, uintptr_t handle, PyObject* event, void* raw) {
+    if (self->cu != nullptr) {
+        const CudaCalls& cu = *self->cu;
+        if (npl_holds::capturing(cu, reinterpret_cast<void*>(handle))) return 1;
+        npl_holds::cudaError err = cu.EventQuery(raw);
+        npl_holds::forget(cu, err);
+        return err != npl_holds::kSuccess;
+    }
+    PyObject* answer = PyObject_CallOneArg(self->call[QUERY], event);
+    int fired = answer == nullptr ? -1 : PyObject_IsTrue(answer);
+    Py_XDECREF(answer);
+    return fired < 0 ? -1 : !fired;
+}
+
+// pending_streams(storage, may_query): the typed streams whose entry for
+// storage has not fired; with may_query false (a capture may be underway:
+// nothing is queried), every stream holding it.
+PyObject* pending_streams(Table* self, PyObject* storage, bool may_query) {
+    struct Held {
+        uintptr_t handle;
+        PyObject* event;
+        void* raw;
+    };
+    std::vector<Held> held;
+    Drops refs;  // the streams and events collected, dropped after the mutex
+    {
+        Locked lock(self->core);
+        for (auto& item : self->core->fifos) {
+            auto found = self->core->entries.find(Key{storage, item.first});
+            if (found == self->core->entries.end()) continue;
+            Entry* e = found->second;
+            held.push_back(Held{item.first, e->event, e->raw});
+            refs.refs.push_back(Py_NewRef(item.second.stream));
+            if (e->event != nullptr) refs.refs.push_back(Py_NewRef(e->event));
+        }
+    }
     PyObject* out = PyList_New(0);
     if (out == nullptr) return nullptr;
-    Locked lock(core);
-    for (auto& item : core->fifos) {
-        auto found = core->entries.find(Key{storage, item.first});
-        if (found == core->entries.end()) continue;
-        PyObject* pair = PyTuple_Pack(2, item.second.stream, found->second->event);
-        if (pair == nullptr || PyList_Append(out, pair) < 0) {
-            Py_XDECREF(pair);
+    size_t stream_at = 0;  // held[i]'s stream in refs: after the previous entries' stream and event
+    for (const Held& h : held) {
+        PyObject* stream = refs.refs[stream_at];
+        stream_at += h.event != nullptr ? 2 : 1;
+        int is_pending = may_query ? pending(self, h.handle, h.event, h.raw) : 1;
+        if (is_pending < 0 || (is_pending && PyList_Append(out, stream) < 0)) {
             Py_DECREF(out);
             return nullptr;
         }
-        Py_DECREF(pair);
     }
     return out;
+}
+
+PyObject* Table_pending_streams(Table* self, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pending_streams(storage, may_query)");
+        return nullptr;
+    }
+    int may_query = PyObject_IsTrue(args[1]);
+    if (may_query < 0) return nullptr;
+    return guarded([&] { return pending_streams(self, args[0], may_query != 0); });
 }
 
 PyObject* Table_guards(Table* self, PyObject* storage) {
@@ -522,25 +718,45 @@ PyObject* Table_guards(Table* self, PyObject* storage) {
     Py_RETURN_FALSE;
 }
 
-PyObject* Table_events(Table* self, PyObject*) {
-    Core* core = self->core;
-    PyObject* out = PyList_New(0);
-    if (out == nullptr) return nullptr;
-    Locked lock(core);
-    for (auto& item : core->fifos)
-        for (Entry* e = item.second.head; e != nullptr; e = e->next)
-            if (PyList_Append(out, e->event) < 0) {
-                Py_DECREF(out);
-                return nullptr;
+// synchronize(): blocks until every held event has fired (the caller makes
+// sure that no capture is underway).  Raw events are waited for without the GIL.
+PyObject* synchronize(Table* self) {
+    std::vector<void*> raws;
+    Drops events;
+    {
+        Locked lock(self->core);
+        for (auto& item : self->core->fifos)
+            for (Entry* e = item.second.head; e != nullptr; e = e->next) {
+                if (e->event == nullptr) raws.push_back(e->raw);
+                else events.refs.push_back(Py_NewRef(e->event));
             }
-    return out;
+    }
+    for (void* raw : raws) {  // a pooled event is never destroyed while the table lives
+        npl_holds::cudaError err;
+        Py_BEGIN_ALLOW_THREADS err = self->cu->EventSynchronize(raw);
+        Py_END_ALLOW_THREADS
+        if (err != npl_holds::kSuccess) {
+            cuda_failed(self, "cudaEventSynchronize", err);
+            return nullptr;
+        }
+    }
+    for (PyObject* event : events.refs) {
+        PyObject* done = PyObject_CallMethodNoArgs(event, s_synchronize);
+        if (done == nullptr) return nullptr;
+        Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject* Table_synchronize(Table* self, PyObject*) {
+    return guarded([&] { return synchronize(self); });
 }
 
 PyObject* Table_counts(Table* self, void*) {
     PyObject* out = PyDict_New();
     if (out == nullptr) return nullptr;
     for (int i = 0; i < N_COUNTS; i++) {
-        PyObject* v = PyLong_FromUnsignedLongLong(self->counts[i]);
+        PyObject* v = PyLong_FromUnsignedLongLong(self->counts[i].load(std::memory_order_relaxed));
         if (v == nullptr || PyDict_SetItemString(out, kCountNames[i], v) < 0) {
             Py_XDECREF(v);
             Py_DECREF(out);
@@ -578,13 +794,29 @@ PyObject* Table_reset_after_fork(Table* self, PyObject*) {
 }
 
 // -- the type ----------------------------------------------------------------------
-void clear_core(Core* core) {
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+// Drops everything a core holds.  Raw events are destroyed through `cu`,
+// except at interpreter exit (the CUDA runtime may be shutting down: they
+// go with the process).
+void clear_core(Core* core, const CudaCalls* cu) {
+    bool destroy = cu != nullptr && !finalizing();
+    auto destroy_raw = [&](void* raw) {
+        if (destroy) npl_holds::forget(*cu, cu->EventDestroy(raw));
+    };
     for (auto& item : core->fifos) {
         Entry* e = item.second.head;
         while (e != nullptr) {
             Entry* next = e->next;
             Py_DECREF(e->storage);
-            Py_DECREF(e->event);
+            if (e->event != nullptr) Py_DECREF(e->event);
+            else destroy_raw(e->raw);
             delete e;
             e = next;
         }
@@ -592,9 +824,12 @@ void clear_core(Core* core) {
     }
     for (auto& item : core->idle_events)
         for (PyObject* event : item.second) Py_DECREF(event);
+    for (auto& item : core->idle_raw)
+        for (void* raw : item.second) destroy_raw(raw);
     core->fifos.clear();
     core->entries.clear();
     core->idle_events.clear();
+    core->idle_raw.clear();
 }
 
 int Table_traverse(Table* self, visitproc visit, void* arg) {
@@ -602,14 +837,17 @@ int Table_traverse(Table* self, visitproc visit, void* arg) {
     Py_VISIT(self->device_flag);
     Py_VISIT(self->stream_type);
     Py_VISIT(self->tensor_type);
+    Py_VISIT(self->underway);
     return 0;
 }
 
+// (The runtime stays until dealloc: the core's raw events need its calls.)
 int Table_clear(Table* self) {
     for (PyObject*& c : self->call) Py_CLEAR(c);
     Py_CLEAR(self->device_flag);
     Py_CLEAR(self->stream_type);
     Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->underway);
     return 0;
 }
 
@@ -619,22 +857,32 @@ void Table_dealloc(Table* self) {
     if (self->core != nullptr) {
         Core* core = self->core;
         self->core = nullptr;
-        clear_core(core);
+        clear_core(core, self->cu);
         delete core;
     }
+    self->cu = nullptr;
+    Py_CLEAR(self->runtime);
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
+PyTypeObject CudaRuntimeType;  // filled in by PyInit__holds
+
 // Table(record_event, query, new_event, is_capturing, record_stream, handle,
-//       device_index, first_use, on_first, device_flag, stream_type, tensor_type)
+//       device_index, first_use, on_first, device_flag, stream_type, tensor_type,
+//       runtime=None, captures_underway=None)
+// runtime: a CudaRuntime (events made, recorded and queried through it; the
+// record_event, query and new_event callables are then unused);
+// captures_underway: the capture gate's set of captures underway (with a
+// runtime, is_capturing is asked only while it is not empty).
 int Table_init(Table* self, PyObject* args, PyObject* kwargs) {
-    static const char* kw[] = {"record_event", "query",  "new_event",   "is_capturing", "record_stream",
-                               "handle",       "device_index", "first_use", "on_first",    "device_flag",
-                               "stream_type",  "tensor_type",  nullptr};
-    PyObject* given[N_CALLABLES + 3] = {};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOUOO", const_cast<char**>(kw), &given[0], &given[1],
+    static const char* kw[] = {"record_event", "query",       "new_event",    "is_capturing", "record_stream",
+                               "handle",       "device_index", "first_use",   "on_first",     "device_flag",
+                               "stream_type",  "tensor_type",  "runtime",     "captures_underway", nullptr};
+    PyObject* given[N_CALLABLES + 5] = {};
+    given[12] = given[13] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOUOO|OO", const_cast<char**>(kw), &given[0], &given[1],
                                      &given[2], &given[3], &given[4], &given[5], &given[6], &given[7], &given[8],
-                                     &given[9], &given[10], &given[11]))
+                                     &given[9], &given[10], &given[11], &given[12], &given[13]))
         return -1;
     for (int i = 0; i < N_CALLABLES; i++)
         if (!PyCallable_Check(given[i])) {
@@ -645,20 +893,39 @@ int Table_init(Table* self, PyObject* args, PyObject* kwargs) {
         PyErr_SetString(PyExc_TypeError, "Table: stream_type and tensor_type must be types");
         return -1;
     }
+    PyObject* runtime = given[12] == Py_None ? nullptr : given[12];
+    PyObject* underway = given[13] == Py_None ? nullptr : given[13];
+    if (runtime != nullptr && !PyObject_TypeCheck(runtime, &CudaRuntimeType)) {
+        PyErr_SetString(PyExc_TypeError, "Table: runtime must be a CudaRuntime or None");
+        return -1;
+    }
+    if (underway != nullptr && !PySet_Check(underway)) {
+        PyErr_SetString(PyExc_TypeError, "Table: captures_underway must be a set or None");
+        return -1;
+    }
+    if (self->core != nullptr && runtime != self->runtime) {  // the core's events are of one kind
+        PyErr_SetString(PyExc_TypeError, "Table: a table's runtime cannot change");
+        return -1;
+    }
     Table_clear(self);
     for (int i = 0; i < N_CALLABLES; i++) self->call[i] = Py_NewRef(given[i]);
     self->device_flag = Py_NewRef(given[9]);
     self->stream_type = Py_NewRef(given[10]);
     self->tensor_type = Py_NewRef(given[11]);
+    self->underway = Py_XNewRef(underway);
     if (self->core == nullptr) {
         self->core = new (std::nothrow) Core();
         if (self->core == nullptr) {
             PyErr_NoMemory();
             return -1;
         }
+        self->runtime = Py_XNewRef(runtime);
+        self->cu = runtime == nullptr ? nullptr : &reinterpret_cast<CudaRuntime*>(runtime)->calls;
     }
     return 0;
 }
+
+PyObject* Table_uses_runtime(Table* self, void*) { return PyBool_FromLong(self->cu != nullptr); }
 
 PyMethodDef Table_methods[] = {
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Table_record)), METH_FASTCALL,
@@ -672,9 +939,11 @@ PyMethodDef Table_methods[] = {
      "set_segments([(start, end, device, owner)]): the allocator's segments by owning stream"},
     {"held", reinterpret_cast<PyCFunction>(Table_held), METH_NOARGS, "entries held"},
     {"has_entries", reinterpret_cast<PyCFunction>(Table_has_entries), METH_NOARGS, "whether anything is held"},
-    {"entries_of", reinterpret_cast<PyCFunction>(Table_entries_of), METH_O, "[(stream, event)] holding a storage"},
+    {"pending_streams", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(Table_pending_streams)),
+     METH_FASTCALL, "pending_streams(storage, may_query) -> [stream]: the streams whose entry has not fired"},
     {"guards", reinterpret_cast<PyCFunction>(Table_guards), METH_O, "whether a storage is held"},
-    {"events", reinterpret_cast<PyCFunction>(Table_events), METH_NOARGS, "every held entry's event"},
+    {"synchronize", reinterpret_cast<PyCFunction>(Table_synchronize), METH_NOARGS,
+     "blocks until every held event has fired"},
     {"acquire", reinterpret_cast<PyCFunction>(Table_acquire), METH_NOARGS, "takes the table's lock"},
     {"release", reinterpret_cast<PyCFunction>(Table_release), METH_NOARGS, "gives the table's lock back"},
     {"__enter__", reinterpret_cast<PyCFunction>(Table_acquire), METH_NOARGS, nullptr},
@@ -686,14 +955,68 @@ PyMethodDef Table_methods[] = {
 
 PyGetSetDef Table_getset[] = {
     {"counts", reinterpret_cast<getter>(Table_counts), nullptr, "what the table did, by name", nullptr},
+    {"uses_runtime", reinterpret_cast<getter>(Table_uses_runtime), nullptr,
+     "whether events go through a CudaRuntime (not the device API's callables)", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 PyTypeObject TableType;  // filled in by PyInit__holds (zero-initialised: a static)
 
+// -- CudaRuntime ---------------------------------------------------------------------
+// CudaRuntime(path): the calls of cuda_runtime.h from the library at path,
+// which must already be loaded; OSError when it is not or lacks one.
+int CudaRuntime_init(CudaRuntime* self, PyObject* args, PyObject* kwargs) {
+    static const char* kw[] = {"path", nullptr};
+    PyObject* path = nullptr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&", const_cast<char**>(kw), PyUnicode_FSConverter, &path))
+        return -1;
+    if (self->library != nullptr) {
+        PyErr_SetString(PyExc_TypeError, "CudaRuntime: already initialised");
+        Py_DECREF(path);
+        return -1;
+    }
+    const char* missing = npl_holds::resolve(PyBytes_AS_STRING(path), &self->calls, &self->library);
+    if (missing != nullptr) {
+        if (std::string(missing) == "dlopen")
+            PyErr_Format(PyExc_OSError, "npu_lifetime: %s is not loaded in this process", PyBytes_AS_STRING(path));
+        else
+            PyErr_Format(PyExc_OSError, "npu_lifetime: %s has no %s", PyBytes_AS_STRING(path), missing);
+        Py_DECREF(path);
+        return -1;
+    }
+    Py_DECREF(path);
+    return 0;
+}
+
+void CudaRuntime_dealloc(CudaRuntime* self) {
+    if (self->library != nullptr) dlclose(self->library);
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
 PyModuleDef holds_module = {PyModuleDef_HEAD_INIT, "_holds",
                             "The native fallback's table of held storages (see _holds.cpp).", -1, nullptr,
                             nullptr, nullptr, nullptr, nullptr};
+
+int ready_cuda_runtime_type() {
+    CudaRuntimeType.ob_base = PyVarObject{PyObject_HEAD_INIT(nullptr) 0};
+    CudaRuntimeType.tp_name = "npu_lifetime.recording._holds.CudaRuntime";
+    CudaRuntimeType.tp_basicsize = sizeof(CudaRuntime);
+    CudaRuntimeType.tp_flags = Py_TPFLAGS_DEFAULT;
+    CudaRuntimeType.tp_doc = "CudaRuntime(path): the CUDA runtime calls of an already loaded library.";
+    CudaRuntimeType.tp_new = PyType_GenericNew;
+    CudaRuntimeType.tp_init = reinterpret_cast<initproc>(CudaRuntime_init);
+    CudaRuntimeType.tp_dealloc = reinterpret_cast<destructor>(CudaRuntime_dealloc);
+    return PyType_Ready(&CudaRuntimeType);
+}
+
+int add_type(PyObject* module, const char* name, PyTypeObject* type) {
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, reinterpret_cast<PyObject*>(type)) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
 
 }  // namespace
 
@@ -710,17 +1033,16 @@ PyMODINIT_FUNC PyInit__holds(void) {
     TableType.tp_clear = reinterpret_cast<inquiry>(Table_clear);
     TableType.tp_methods = Table_methods;
     TableType.tp_getset = Table_getset;
-    if (PyType_Ready(&TableType) < 0) return nullptr;
+    if (PyType_Ready(&TableType) < 0 || ready_cuda_runtime_type() < 0) return nullptr;
     s_untyped_storage = PyUnicode_InternFromString("untyped_storage");
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_device_index = PyUnicode_InternFromString("device_index");
     s_get_device = PyUnicode_InternFromString("get_device");
-    if (!s_untyped_storage || !s_data_ptr || !s_device_index || !s_get_device) return nullptr;
+    s_synchronize = PyUnicode_InternFromString("synchronize");
+    if (!s_untyped_storage || !s_data_ptr || !s_device_index || !s_get_device || !s_synchronize) return nullptr;
     PyObject* module = PyModule_Create(&holds_module);
     if (module == nullptr) return nullptr;
-    Py_INCREF(&TableType);
-    if (PyModule_AddObject(module, "Table", reinterpret_cast<PyObject*>(&TableType)) < 0) {
-        Py_DECREF(&TableType);
+    if (add_type(module, "Table", &TableType) < 0 || add_type(module, "CudaRuntime", &CudaRuntimeType) < 0) {
         Py_DECREF(module);
         return nullptr;
     }

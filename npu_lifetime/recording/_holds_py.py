@@ -1,18 +1,27 @@
 """The native fallback's table of held storages in Python: the same class as
 ``_holds.Table`` (``_holds.cpp``), used where that extension is not built.
-See _holds.cpp for what it keeps; both take the device API as callables."""
+See _holds.cpp for what it keeps; both take the device API as callables.
+Only the extension takes a ``CudaRuntime`` (raw CUDA events): here events
+always go through the callables."""
 from __future__ import annotations
 
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
 
-_COUNTS = ("recorded", "events_created", "queries", "released", "on_allocation_stream", "in_capture")
+_COUNTS = ("recorded", "events_created", "queries", "released", "on_allocation_stream", "in_capture",
+           "capturing_streams_skipped")
 
 
 class Table:
+    takes_runtime = False  # NativeFallback passes runtime=None
+    uses_runtime = False
+
     def __init__(self, record_event, query, new_event, is_capturing, record_stream, handle, device_index,
-                 first_use, on_first, device_flag: str, stream_type: type, tensor_type: type) -> None:
+                 first_use, on_first, device_flag: str, stream_type: type, tensor_type: type,
+                 runtime=None, captures_underway=None) -> None:
+        if runtime is not None:
+            raise TypeError("Table: runtime must be None here (raw events need the _holds extension)")
         for name, value in (("record_event", record_event), ("query", query), ("new_event", new_event),
                             ("is_capturing", is_capturing), ("record_stream", record_stream), ("handle", handle),
                             ("device_index", device_index), ("first_use", first_use), ("on_first", on_first)):
@@ -131,16 +140,19 @@ class Table:
     def has_entries(self) -> bool:
         return bool(self._fifos)
 
-    def entries_of(self, storage) -> list:
+    def pending_streams(self, storage, may_query: bool) -> list:
         with self._lock:
-            return [(self._stream_of[h][0], fifo[storage]) for h, fifo in self._fifos.items() if storage in fifo]
+            held = [(self._stream_of[h][0], fifo[storage]) for h, fifo in self._fifos.items() if storage in fifo]
+        return [stream for stream, event in held if not may_query or not self._query(event)]
 
     def guards(self, storage) -> bool:
         return any(storage in fifo for fifo in list(self._fifos.values()))
 
-    def events(self) -> list:
+    def synchronize(self) -> None:
         with self._lock:
-            return [event for fifo in self._fifos.values() for event in fifo.values()]
+            events = [event for fifo in self._fifos.values() for event in fifo.values()]
+        for event in events:
+            event.synchronize()
 
     def acquire(self) -> None:
         self._lock.acquire()

@@ -406,26 +406,37 @@ def _enable_fast_path_if_installed(device_type: str) -> None:
 def _fallback_fast(device_type: str) -> Callable:
     """record_use under the native caching allocator with the checks the
     common case does not need left to the checked path (False sends the
-    call there).  Here: not compiling, no dispatch mode, no shim installed
-    since, the current stream for None; the fallback's native ``fast``
-    then checks a tensor of this device type, a typed stream of its device
-    and memory to keep, and records (one C call)."""
+    call there): the fallback's native ``fast`` for the device type."""
     table_fast = FALLBACK.for_device(device_type).fast
     if device_type == "cuda":
-        flag, current = "is_cuda", torch.cuda.current_stream
-    else:
-        import torch_npu  # noqa: F401  (registers torch.npu)
+        return fallback_fast_path(table_fast, "is_cuda", torch.cuda.current_stream)
+    import torch_npu  # noqa: F401  (registers torch.npu)
 
-        flag, current = "is_npu", torch.npu.current_stream
+    return fallback_fast_path(table_fast, "is_npu", torch.npu.current_stream)
+
+
+# The fast path's compile check: dynamo folds it to True as it does
+# torch.compiler.is_compiling, which is two Python calls (is_scripting
+# first).  What is_compiling adds, tracing under make_fx (non-strict
+# export), runs under a dispatch mode, which the fast path checks next.
+_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
+
+
+def fallback_fast_path(table_fast: Callable, device_flag: str, current_stream: Callable) -> Callable:
+    """The fast path to a fallback's native ``table_fast(tensor, stream)``:
+    not compiling, no dispatch mode, no shim installed since, the current
+    stream for None (``current_stream(device)``); ``table_fast`` then checks
+    a tensor of the device (``device_flag``), a typed stream of its device
+    and memory to keep, and records (one C call)."""
 
     def fast(tensor, stream) -> bool:
-        if _is_compiling() or _dispatch_modes() or shim_state._installed is not None:
+        if _is_dynamo_compiling() or _dispatch_modes() or shim_state._installed is not None:
             return False
         if stream is None:
             try:
-                if not getattr(tensor, flag):
+                if not getattr(tensor, device_flag):
                     return False
-                stream = current(tensor.device)
+                stream = current_stream(tensor.device)
             except (AttributeError, TypeError):  # not a tensor
                 return False
         return table_fast(tensor, stream)

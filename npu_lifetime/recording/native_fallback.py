@@ -41,7 +41,11 @@ Invariants:
   the reaper also skips a stream the runtime says is capturing, and a call
   or ``reclaim()`` polls only when the caller's current stream is not
   capturing.  A capture begun below torch's graph classes on a stream the
-  fallback holds nothing for is not seen.
+  fallback holds nothing for is not seen.  With raw CUDA events (below)
+  the call's check is the runtime's answer for the use stream (an error,
+  the legacy stream while another captures, counts as capturing), plus the
+  current stream's while the gate counts a capture; every poll asks the
+  runtime about each stream before querying its head.
 * **``resize_(0)``** (how FSDP frees parameters) returns a storage's memory
   while the storage object lives on, so an owned reference alone does not
   hold it.  While a storage has pending entries, ``UntypedStorage.resize_``
@@ -59,6 +63,16 @@ Invariants:
   first call the copied segment table cannot answer, ``_first_use``.  An
   entry owns a reference to the storage's Python object; a failed event
   record leaves no entry.
+* **Raw CUDA events.**  On a CUDA build the table makes, records and
+  queries its events through the CUDA runtime torch loaded
+  (``CudaAPI.runtime``, ``cuda_runtime.h``: resolved from libtorch_cuda.so,
+  never loading anything), with the GIL held for a record and released for
+  a poll's queries; every status is checked, and one the call left as the
+  thread's last error is cleared so torch's next check does not see it.
+  Without the extension or the runtime, or with
+  ``NPU_LIFETIME_TORCH_EVENTS=1``, events are torch's.  torch_npu's stay
+  torch_npu's: it records them through its task queue, after the work
+  queued before them, which a direct ``aclrtRecordEvent`` would overtake.
 """
 from __future__ import annotations
 
@@ -111,7 +125,8 @@ def _after_fork_in_parent() -> None:
 def _after_fork_in_child() -> None:
     gates, fallbacks = _held_across_fork
     for gate in gates:
-        gate._lock, gate._underway = threading.Lock(), set()  # the parent's captures are not the child's
+        gate._lock = threading.Lock()
+        gate._underway.clear()  # the parent's captures are not the child's (the set itself: tables read it)
     for fallback in fallbacks:
         fallback._after_fork_in_child()
 
@@ -198,6 +213,7 @@ class NativeFallback:
         self._sanitized = getattr(api, "sanitized", lambda: False)
         for graph_class in getattr(api, "graph_classes", lambda: ())():
             gate.watch(graph_class)
+        runtime = getattr(api, "runtime", lambda: None)() if getattr(Table, "takes_runtime", True) else None
         self._table = self._lock = Table(
             record_event=getattr(api, "record_event", None) or (lambda event, stream: event.record(stream)),
             query=api.query, new_event=api.new_event, is_capturing=api.is_capturing,
@@ -205,7 +221,8 @@ class NativeFallback:
             handle=api.handle, device_index=api.device_index,
             first_use=self._first_use, on_first=self._start_background,
             device_flag=f"is_{getattr(api, 'device_type', 'cuda')}",
-            stream_type=getattr(api, "stream_type", lambda: _NoStream)(), tensor_type=torch.Tensor)
+            stream_type=getattr(api, "stream_type", lambda: _NoStream)(), tensor_type=torch.Tensor,
+            runtime=runtime, captures_underway=gate._underway)
         self.segments = SegmentTable(api, on_rebuild=self._table.set_segments)
         self.fast = self._table.fast  # the fast path's call: False when a check failed (nothing done)
         _FALLBACKS.add(self)  # its lock is held across fork() (_before_fork)
@@ -281,8 +298,7 @@ class NativeFallback:
         Refused while a capture may be underway (the host may not wait then)."""
         if self.api.is_capturing() or self.gate.underway():
             raise RuntimeError("npu_lifetime: wait_all() while a graph capture is underway")
-        for event in self._table.events():
-            event.synchronize()
+        self._table.synchronize()
         self.reclaim()
 
     def held(self) -> int:
@@ -315,12 +331,9 @@ class NativeFallback:
         """``storage`` is about to give back memory: keep it for every
         pending stream (the allocator records an event there at the free)."""
         with self.gate.polling() as open_:
-            entries = self._table.entries_of(storage)
-            if open_ and not self.api.is_capturing():
-                with watchers.internal_polling():
-                    pending = [stream for stream, event in entries if not self.api.query(event)]
-            else:  # no query may be made now: every stream counts as pending
-                pending = [stream for stream, _ in entries]
+            may_query = open_ and not self.api.is_capturing()  # else every stream counts as pending
+            with watchers.internal_polling():
+                pending = self._table.pending_streams(storage, may_query)
         if pending:
             alias = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
             for stream in pending:
@@ -513,6 +526,25 @@ class CudaAPI:
         return torch.cuda.Event()
 
     @staticmethod
+    def runtime():
+        """The CUDA runtime torch calls, for the table to make, record and
+        query raw events itself (no torch Event, no Python call per event);
+        None keeps torch's Event: no extension, not a CUDA build, the
+        runtime not found, or ``NPU_LIFETIME_TORCH_EVENTS=1``."""
+        if os.environ.get("NPU_LIFETIME_TORCH_EVENTS") == "1" or torch.version.cuda is None:
+            return None
+        try:
+            from ._holds import CudaRuntime
+        except ImportError:  # pragma: no cover - depends on the build
+            return None
+        for path in _loaded_libraries("libtorch_cuda.so"):
+            try:
+                return CudaRuntime(path)
+            except OSError:
+                continue
+        return None
+
+    @staticmethod
     def stream_type() -> type:
         return torch.cuda.Stream
 
@@ -584,6 +616,13 @@ class NpuAPI(CudaAPI):
     def new_event(self):
         return self._npu.Event()
 
+    @staticmethod
+    def runtime():
+        """None: torch_npu records events through its task queue, after the
+        work queued before them; an aclrtRecordEvent from here would go
+        ahead of that work and fire early."""
+        return None
+
     def stream_type(self) -> type:
         return self._npu.Stream
 
@@ -615,6 +654,18 @@ class NpuAPI(CudaAPI):
         attach = getattr(self._c, "_npu_attach_out_of_memory_observer", None)
         if attach is not None:
             attach(observer)
+
+
+def _loaded_libraries(name: str) -> list:
+    """Paths of the loaded libraries called ``name``: torch's own lib
+    folder first, then what /proc/self/maps shows."""
+    paths = [os.path.join(os.path.dirname(torch.__file__), "lib", name)]
+    try:
+        with open("/proc/self/maps") as maps:
+            paths += sorted({line.split(None, 5)[-1].strip() for line in maps if line.rstrip().endswith("/" + name)})
+    except OSError:
+        pass
+    return paths
 
 
 class _PerDevice:

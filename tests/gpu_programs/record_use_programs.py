@@ -194,6 +194,43 @@ def fallback_out_of_memory_observer() -> dict:
             **counts()}
 
 
+def fallback_raw_events() -> dict:
+    """The table makes, records and queries raw CUDA events through torch's
+    libcudart: a not-ready query leaves no error for torch's next launch
+    check, and a use on the default stream (the legacy stream, handle 0) is
+    recorded there and released once it fired."""
+    table = FALLBACK.for_device("cuda")._table
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 20, device="cuda")
+    x.sum()  # loads the reduction's module now (a first launch waits for the device)
+    torch.cuda.synchronize()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP)
+        x.sum()
+    npu_lifetime.record_use(x, side)
+    released_while_busy = FALLBACK.reclaim()  # not ready: queried on this thread
+    error = None
+    try:
+        (x + 1).sum()  # torch checks cudaGetLastError after each launch
+        torch.cuda.synchronize()
+    except RuntimeError as err:
+        error = f"{type(err).__name__}: {err}"
+    released = _wait_until_released()
+    with torch.cuda.stream(side):
+        z = torch.ones(1 << 10, device="cuda")  # side's memory
+    default = torch.cuda.default_stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP // 10)
+    default.wait_stream(side)
+    npu_lifetime.record_use(z, default)
+    held_on_default = FALLBACK.held()
+    torch.cuda.synchronize()
+    return {"raw_events": table.uses_runtime, "default_handle": default.cuda_stream,
+            "released_while_busy": released_while_busy, "error": error, "released": released,
+            "held_on_default": held_on_default, "released_default": _wait_until_released(), **counts()}
+
+
 def shim_fast_path() -> dict:
     """Under the shim: record_use never leaves the fast path, views work,
     and the shim attaches the event to the block."""
