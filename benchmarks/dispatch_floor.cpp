@@ -13,6 +13,7 @@
 // not seen (as a Python dispatch mode does not see them).
 #include <Python.h>
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -150,6 +152,23 @@ PyObject* py_writes_seen(PyObject* /*module*/, PyObject* /*unused*/) {
   return PyLong_FromUnsignedLongLong(writes_seen);
 }
 
+// Whether a new thread sees the key included: with this thread's
+// at::ThreadLocalState installed (what autograd's engine does before each
+// node, at::launch before each task), and bare.
+PyObject* py_key_in_new_thread(PyObject* /*module*/, PyObject* /*unused*/) {
+  bool with_state = false;
+  bool bare = false;
+  const at::ThreadLocalState state;
+  Py_BEGIN_ALLOW_THREADS
+  std::thread([&] {
+    at::ThreadLocalStateGuard installed(state);
+    with_state = c10::impl::tls_is_dispatch_key_included(kFloorKey);
+  }).join();
+  std::thread([&] { bare = c10::impl::tls_is_dispatch_key_included(kFloorKey); }).join();
+  Py_END_ALLOW_THREADS
+  return Py_BuildValue("(OO)", with_state ? Py_True : Py_False, bare ? Py_True : Py_False);
+}
+
 PyObject* py_key(PyObject* /*module*/, PyObject* /*unused*/) {
   return PyUnicode_FromString(c10::toString(kFloorKey));
 }
@@ -162,6 +181,8 @@ PyMethodDef methods[] = {
     {"writes_seen", py_writes_seen, METH_NOARGS, "this thread's written tensor arguments seen by the walk since reset()"},
     {"reset", py_reset, METH_NOARGS, "reset(): zero the counters"},
     {"key", py_key, METH_NOARGS, "the dispatch key's name"},
+    {"key_in_new_thread", py_key_in_new_thread, METH_NOARGS,
+     "(with this thread's ThreadLocalState, bare): whether a new thread has the key included"},
     {nullptr, nullptr, 0, nullptr},
 };
 
