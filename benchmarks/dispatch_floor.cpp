@@ -3,8 +3,8 @@
 // bench_dispatch_floor.py. Not part of the sanitizer.
 //
 // The key is DeferredInit (torchdistx's, out of tree; nothing in torch
-// registers on it). It sits above Autograd: no dispatch key below Autograd is
-// free in torch 2.11 (see design/sanitizer.md, "A native front end?").
+// registers on it). It sits above Autograd: no key between BackendSelect and
+// Autograd is free to borrow (see design/sanitizer.md, "A native front end?").
 //
 // Per op the fallback counts the op, does the work asked for (nothing; a call
 // into Python with the op's name; a walk of the tensor arguments and returns
