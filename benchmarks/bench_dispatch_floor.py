@@ -1,0 +1,259 @@
+"""Dispatch floor of a sanitizer front end: an empty Python TorchDispatchMode
+against a C++ boxed fallback on a dispatch key of its own (empty; reaching
+Python once per op; walking the op's tensor storages without Python), on a
+chain of small tensor ops (CPU unless --device cuda), each variant in fresh
+processes, rounds alternating the order.
+
+    python benchmarks/bench_dispatch_floor.py [--device cpu|cuda] [--rounds 5] [--steps 300] [--repeats 9]
+
+The fallback (benchmarks/dispatch_floor.cpp) is compiled with
+torch.utils.cpp_extension into $NPU_LIFETIME_CACHE (else
+~/.cache/npu_lifetime), once per torch build and source; without a C++
+compiler or ninja the script says so and exits 0. Each C++ variant checks
+that its fallback was entered once per op the workload ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = Path(__file__).resolve().parent / "dispatch_floor.cpp"
+OPS_PER_STEP = 7  # matmul, relu, add, mul_ (in place), sum, mul, tanh
+WRITES_PER_STEP = 1  # the mul_
+CPP_WORK = {"cpp-empty": 0, "cpp-python-call": 1, "cpp-walk": 2}  # the extension's enable(work)
+VARIANTS = ("none", "python-mode", *CPP_WORK)
+CHILD_TIMEOUT_S = 300
+
+
+def missing_tools() -> "str | None":
+    """Why the extension cannot be built here, or None."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler}) on PATH"
+    if not cpp_extension.is_ninja_available():
+        return "no ninja on PATH (torch.utils.cpp_extension needs it)"
+    return None
+
+
+def default_build_dir() -> Path:
+    import torch
+
+    cache = Path(os.environ.get("NPU_LIFETIME_CACHE", Path.home() / ".cache" / "npu_lifetime"))
+    return cache / f"dispatch_floor-torch{torch.__version__}"
+
+
+def build(build_dir: Path) -> str:
+    """Compiles (or finds up to date) the extension; returns its file."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    module = cpp_extension.load(
+        "dispatch_floor", [str(SOURCE)], build_directory=str(build_dir),
+        extra_cflags=["-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror"], verbose=False,
+    )
+    return module.__file__
+
+
+def import_built(path: str):
+    """Imports the built extension (torch first: it provides libc10 and libtorch)."""
+    import importlib.util
+
+    import torch  # noqa: F401
+
+    spec = importlib.util.spec_from_file_location("dispatch_floor", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def workload(a, steps: int) -> int:
+    """The chain of small ops (on a's device, waited for at the end);
+    returns how many ops it dispatched."""
+    import torch
+
+    for _ in range(steps):
+        b = a @ a
+        c = b.relu()
+        d = c + 1
+        e = d.mul_(0.5)
+        e.sum()
+        a = torch.tanh(e * 0.1)
+    if a.is_cuda:
+        torch.cuda.synchronize()
+    return steps * OPS_PER_STEP
+
+
+def _empty_mode():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class EmptyMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return EmptyMode()
+
+
+class _Variant:
+    """Enters and leaves one variant in a child; says what the fallback saw."""
+
+    def __init__(self, name: str, module_path: str):
+        self.name, self.module, self.mode, self.python_calls = name, None, None, 0
+        if name in CPP_WORK:
+            self.module = import_built(module_path)
+            self.module.set_on_op(self._on_op)
+        elif name == "python-mode":
+            self.mode = _empty_mode()
+
+    def _on_op(self, name: str) -> None:
+        self.python_calls += 1
+
+    def enter(self) -> None:
+        if self.module is not None:
+            self.module.enable(CPP_WORK[self.name])
+        elif self.mode is not None:
+            self.mode.__enter__()
+
+    def leave(self) -> None:
+        if self.module is not None:
+            self.module.disable()
+        elif self.mode is not None:
+            self.mode.__exit__(None, None, None)
+
+    def reset(self) -> None:
+        self.python_calls = 0
+        if self.module is not None:
+            self.module.reset()
+
+    def seen(self) -> dict:
+        if self.module is None:
+            return {}
+        return {"key": self.module.key(), "ops_seen": self.module.ops_seen(),
+                "python_calls": self.python_calls, "writes_seen": self.module.writes_seen()}
+
+
+def run_child(name: str, module_path: str, device: str, steps: int, repeats: int) -> None:
+    """Warm up, time ``repeats`` runs, check the fallback saw every op (and
+    Python every call, the walk every write); print one JSON line."""
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(64, 64, device=device)
+    variant = _Variant(name, module_path)
+    variant.enter()
+    workload(a, steps)  # warm-up: one whole run
+    variant.reset()
+    times, ops = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ops = workload(a, steps)
+        times.append(time.perf_counter() - t0)
+    variant.leave()
+    seen = variant.seen()
+    _check_seen(name, seen, ops * repeats, steps * WRITES_PER_STEP * repeats)
+    print(json.dumps({"times": times, "ops": ops, **seen}))
+
+
+def _check_seen(name: str, seen: dict, ops: int, writes: int) -> None:
+    if not seen:
+        return
+    if seen["ops_seen"] != ops:
+        raise SystemExit(f"{name}: the fallback was entered for {seen['ops_seen']} ops, the workload ran {ops}")
+    if name == "cpp-python-call" and seen["python_calls"] != ops:
+        raise SystemExit(f"{name}: Python was called for {seen['python_calls']} ops of {ops}")
+    if name == "cpp-walk" and seen["writes_seen"] != writes:
+        raise SystemExit(f"{name}: the walk saw {seen['writes_seen']} written arguments, the workload wrote {writes}")
+
+
+def alternate(module_path: str, args: argparse.Namespace) -> dict:
+    """Runs every variant ``rounds`` times in fresh processes (order reversed
+    every other round); returns each variant's samples and last child result."""
+    samples = {v: [] for v in VARIANTS}
+    last = {}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    child_args = ["--module", module_path, "--device", args.device, "--steps", str(args.steps), "--repeats", str(args.repeats)]
+    for r in range(args.rounds):
+        for name in VARIANTS if r % 2 == 0 else reversed(VARIANTS):
+            try:
+                done = subprocess.run([sys.executable, __file__, "--child", name, *child_args],
+                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"{name} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            last[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            samples[name] += last[name]["times"]
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    return {"samples": samples, "last": last}
+
+
+def report(result: dict, args: argparse.Namespace) -> None:
+    samples, last = result["samples"], result["last"]
+    ops = last["none"]["ops"]
+    us_per_op = {v: statistics.median(samples[v]) / ops * 1e6 for v in VARIANTS}
+    base = us_per_op["none"]
+    print(f"dispatch floor: {ops} {args.device.upper()} ops per run ({OPS_PER_STEP} per step: 64x64 matmul, relu, add, mul_, sum, "
+          f"mul, tanh), 1 CPU thread; C++ fallback on dispatch key {last['cpp-empty']['key']}; medians of "
+          f"{args.rounds} rounds x {args.repeats} runs, variants in alternating fresh processes")
+    print("columns: median milliseconds per run, microseconds per op, microseconds per op above none, ratio to none; "
+          "fastest run in microseconds per op (a check on noise from other processes)")
+    print(f"{'variant':<16} {'ms/run':>9} {'us/op':>8} {'+us/op':>8} {'x none':>7} {'best us/op':>11}")
+    for v in VARIANTS:
+        print(f"{v:<16} {us_per_op[v] * ops / 1e3:>9.2f} {us_per_op[v]:>8.2f} {us_per_op[v] - base:>8.2f} "
+              f"{us_per_op[v] / base:>7.2f} {min(samples[v]) / ops * 1e6:>11.2f}")
+    print(f"python-mode - cpp-empty = {us_per_op['python-mode'] - us_per_op['cpp-empty']:.2f} us/op; "
+          f"cpp-python-call - cpp-empty = {us_per_op['cpp-python-call'] - us_per_op['cpp-empty']:.2f} us/op; "
+          f"cpp-walk - cpp-empty = {us_per_op['cpp-walk'] - us_per_op['cpp-empty']:.2f} us/op")
+    for v in CPP_WORK:
+        seen = last[v]
+        print(f"{v}: fallback entered for {seen['ops_seen']} of {ops * args.repeats} ops dispatched "
+              f"(Python called {seen['python_calls']}, writes walked {seen['writes_seen']})")
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--module", help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the workload's tensors live (default cpu; cuda: ops are queued, each run waited for)")
+    parser.add_argument("--rounds", type=_at_least_one, default=5)
+    parser.add_argument("--steps", type=_at_least_one, default=300)
+    parser.add_argument("--repeats", type=_at_least_one, default=9)
+    parser.add_argument("--build-dir", type=Path, help="where to compile the extension (default: the cache)")
+    args = parser.parse_args()
+    if args.device == "cuda" and not args.child:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda needs a CUDA GPU and this machine has none")
+    if args.child:
+        run_child(args.child, args.module, args.device, args.steps, args.repeats)
+        return
+    missing = missing_tools()
+    if missing:
+        print(f"bench_dispatch_floor: skipped: {missing}; the C++ fallback cannot be built", file=sys.stderr)
+        return
+    t0 = time.perf_counter()
+    module_path = build(args.build_dir or default_build_dir())
+    print(f"extension ready in {time.perf_counter() - t0:.1f} s: {module_path}", file=sys.stderr)
+    report(alternate(module_path, args), args)
+
+
+if __name__ == "__main__":
+    main()

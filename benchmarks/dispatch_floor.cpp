@@ -1,0 +1,207 @@
+// A boxed fallback on a dispatch key of its own, switched on per thread: the
+// floor a native (C++) sanitizer front end would stand on, for
+// bench_dispatch_floor.py. Not part of the sanitizer.
+//
+// The key is DeferredInit (torchdistx's, out of tree; nothing in torch
+// registers on it). It sits above Autograd: no key between BackendSelect and
+// Autograd is free to borrow (see design/sanitizer.md, "A native front end?").
+//
+// Per op the fallback counts the op, does the work asked for (nothing; a call
+// into Python with the op's name; a walk of the tensor arguments and returns
+// reading each storage's data pointer and the schema's is_write), then runs
+// the op below its key with the key excluded, so ops the op itself calls are
+// not seen (as a Python dispatch mode does not see them).
+#include <Python.h>
+
+#include <ATen/ThreadLocalState.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace {
+
+constexpr c10::DispatchKey kFloorKey = c10::DispatchKey::DeferredInit;
+
+enum Work : int { kRedispatch = 0, kCallPython = 1, kWalkTensors = 2 };
+
+std::atomic<int> work_per_op{kRedispatch};
+std::atomic<uint64_t> ops_seen{0};
+PyObject* on_op = nullptr;  // owned reference, changed under the GIL
+thread_local uintptr_t walk_sink = 0;  // what the walk read, so it is not optimised away
+thread_local uint64_t writes_seen = 0;
+std::unique_ptr<torch::Library> registration;
+
+void touch(const at::Tensor& tensor, bool is_write) {
+  if (!tensor.defined() || !tensor.has_storage()) {
+    return;
+  }
+  const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  walk_sink += reinterpret_cast<uintptr_t>(storage->data_ptr().get()) ^
+      reinterpret_cast<uintptr_t>(storage);
+  writes_seen += is_write ? 1 : 0;
+}
+
+void touch_value(const c10::IValue& value, bool is_write) {
+  if (value.isTensor()) {
+    touch(value.toTensor(), is_write);
+  } else if (value.isList()) {  // Tensor[] and Tensor?[]
+    for (const c10::IValue& item : value.toListRef()) {
+      if (item.isTensor()) {
+        touch(item.toTensor(), is_write);
+      }
+    }
+  }
+}
+
+// The top `arguments.size()` values of the stack, each with its alias info
+// (returns too; a written return aliases a written argument, counted there).
+void walk(const std::vector<c10::Argument>& arguments, const torch::jit::Stack& stack, bool are_returns) {
+  const size_t count = arguments.size();
+  const auto values = torch::jit::last(stack, count);
+  for (size_t i = 0; i < count; ++i) {
+    const c10::AliasInfo* alias = arguments[i].alias_info();
+    touch_value(values[i], !are_returns && alias != nullptr && alias->isWrite());
+  }
+}
+
+// Takes the GIL and calls on_op(name); a Python error becomes a c10::Error.
+void call_python(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* text = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+  PyObject* result = (text != nullptr && on_op != nullptr) ? PyObject_CallOneArg(on_op, text) : nullptr;
+  const bool failed = result == nullptr;
+  Py_XDECREF(text);
+  Py_XDECREF(result);
+  if (failed) {
+    PyErr_Print();  // on_op unset or raising: say why on stderr
+  }
+  PyGILState_Release(gil);
+  TORCH_CHECK(!failed, "dispatch_floor: calling on_op for ", name, " failed (see stderr)");
+}
+
+void floor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  ops_seen.fetch_add(1, std::memory_order_relaxed);
+  const int work = work_per_op.load(std::memory_order_relaxed);
+  if (work == kCallPython) {
+    call_python(op);
+  } else if (work == kWalkTensors) {
+    walk(op.schema().arguments(), *stack, false);
+  }
+  {
+    c10::impl::ExcludeDispatchKeyGuard not_nested(kFloorKey);
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kFloorKey), stack);
+  }
+  if (work == kWalkTensors) {
+    walk(op.schema().returns(), *stack, true);
+  }
+}
+
+PyObject* py_enable(PyObject* /*module*/, PyObject* arg) {
+  const long work = PyLong_AsLong(arg);
+  if (work == -1 && PyErr_Occurred()) {
+    return nullptr;
+  }
+  if (work < kRedispatch || work > kWalkTensors) {
+    PyErr_Format(PyExc_ValueError, "work must be 0, 1 or 2, not %ld", work);
+    return nullptr;
+  }
+  work_per_op.store(static_cast<int>(work));
+  c10::impl::tls_set_dispatch_key_included(kFloorKey, true);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_disable(PyObject* /*module*/, PyObject* /*unused*/) {
+  c10::impl::tls_set_dispatch_key_included(kFloorKey, false);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_set_on_op(PyObject* /*module*/, PyObject* callable) {
+  if (callable != Py_None && !PyCallable_Check(callable)) {
+    PyErr_SetString(PyExc_TypeError, "on_op must be callable or None");
+    return nullptr;
+  }
+  PyObject* previous = on_op;
+  if (callable != Py_None) {
+    Py_INCREF(callable);
+  }
+  on_op = callable == Py_None ? nullptr : callable;
+  Py_XDECREF(previous);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_ops_seen(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyLong_FromUnsignedLongLong(ops_seen.load());
+}
+
+PyObject* py_reset(PyObject* /*module*/, PyObject* /*unused*/) {
+  ops_seen.store(0);
+  writes_seen = 0;
+  walk_sink = 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* py_writes_seen(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyLong_FromUnsignedLongLong(writes_seen);
+}
+
+// Whether a new thread sees the key included: with this thread's
+// at::ThreadLocalState installed (what autograd's engine does before each
+// node, at::launch before each task), and bare.
+PyObject* py_key_in_new_thread(PyObject* /*module*/, PyObject* /*unused*/) {
+  bool with_state = false;
+  bool bare = false;
+  const at::ThreadLocalState state;
+  Py_BEGIN_ALLOW_THREADS
+  std::thread([&] {
+    at::ThreadLocalStateGuard installed(state);
+    with_state = c10::impl::tls_is_dispatch_key_included(kFloorKey);
+  }).join();
+  std::thread([&] { bare = c10::impl::tls_is_dispatch_key_included(kFloorKey); }).join();
+  Py_END_ALLOW_THREADS
+  return Py_BuildValue("(OO)", with_state ? Py_True : Py_False, bare ? Py_True : Py_False);
+}
+
+PyObject* py_key(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyUnicode_FromString(c10::toString(kFloorKey));
+}
+
+PyMethodDef methods[] = {
+    {"enable", py_enable, METH_O, "enable(work): include the key in this thread's dispatch (0 redispatch, 1 call on_op, 2 walk)"},
+    {"disable", py_disable, METH_NOARGS, "disable(): leave the key out of this thread's dispatch"},
+    {"set_on_op", py_set_on_op, METH_O, "set_on_op(callable or None): what work 1 calls with each op's name"},
+    {"ops_seen", py_ops_seen, METH_NOARGS, "ops the fallback was entered for since reset()"},
+    {"writes_seen", py_writes_seen, METH_NOARGS, "this thread's written tensor arguments seen by the walk since reset()"},
+    {"reset", py_reset, METH_NOARGS, "reset(): zero the counters"},
+    {"key", py_key, METH_NOARGS, "the dispatch key's name"},
+    {"key_in_new_thread", py_key_in_new_thread, METH_NOARGS,
+     "(with this thread's ThreadLocalState, bare): whether a new thread has the key included"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dispatch_floor", nullptr, -1, methods,
+                          nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+// Registers the fallback here, not in a static initialiser, so a key already
+// taken (torchdistx loaded) is an ImportError rather than a terminate.
+PyMODINIT_FUNC PyInit_dispatch_floor() {
+  try {
+    registration = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kFloorKey, __FILE__, __LINE__);
+    registration->fallback(torch::CppFunction::makeFromBoxedFunction<&floor_fallback>());
+  } catch (const std::exception& error) {
+    registration.reset();
+    PyErr_Format(PyExc_ImportError, "dispatch_floor: cannot register a fallback on %s: %s",
+                 c10::toString(kFloorKey), error.what());
+    return nullptr;
+  }
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,106 @@
+"""benchmarks/bench_dispatch_floor.py at its smallest: every variant is timed,
+and each C++ variant's fallback was entered once per op the workload ran
+(Python reached once per op, the walk seeing the one in-place write per step);
+the fallback's key reaches other threads the way autograd's engine passes it."""
+import importlib.util
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_dispatch_floor.py"
+STEPS = 2
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_dispatch_floor_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smallest_run_times_every_variant_and_the_fallback_sees_every_op():
+    bench = _bench_module()
+    missing = bench.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build the C++ fallback: {missing}")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "1", "--steps", str(STEPS), "--repeats", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for variant in bench.VARIANTS:
+        assert re.search(rf"^{re.escape(variant)} +\d", out, re.M), f"no row for {variant}:\n{out}"
+    ops = STEPS * bench.OPS_PER_STEP
+    assert f"{ops} CPU ops per run" in out and "dispatch key DeferredInit" in out
+    for variant in bench.CPP_WORK:
+        entered = re.search(rf"^{variant}: fallback entered for (\d+) of (\d+) ops dispatched "
+                            r"\(Python called (\d+), writes walked (\d+)\)", out, re.M)
+        assert entered, f"no fallback line for {variant}:\n{out}"
+        seen, dispatched, python_calls, writes = map(int, entered.groups())
+        assert seen == dispatched == ops
+        assert python_calls == (ops if variant == "cpp-python-call" else 0)
+        assert writes == (STEPS * bench.WRITES_PER_STEP if variant == "cpp-walk" else 0)
+
+
+def test_without_a_compiler_the_script_says_so_and_stops(tmp_path):
+    env = {"PATH": str(tmp_path), "CXX": "no-such-compiler", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "1", "--steps", "1", "--repeats", "1"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "skipped: no C++ compiler (no-such-compiler) on PATH" in done.stderr
+    assert "variant" not in done.stdout
+
+
+def _built_extension(bench):
+    missing = bench.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build the C++ fallback: {missing}")
+    return bench.import_built(bench.build(bench.default_build_dir()))
+
+
+def test_the_key_reaches_a_thread_through_thread_local_state_only():
+    """What autograd's engine threads rely on: the included key travels in
+    at::ThreadLocalState; a bare new thread starts without it."""
+    floor = _built_extension(_bench_module())
+    floor.enable(0)
+    try:
+        carried = floor.key_in_new_thread()
+    finally:
+        floor.disable()
+    assert carried == (True, False)
+    assert floor.key_in_new_thread() == (False, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA backward runs on autograd's device threads")
+def test_cuda_backward_ops_reach_the_fallback_on_the_engine_thread():
+    floor = _built_extension(_bench_module())
+    seen = []
+    floor.set_on_op(lambda name: seen.append((name, threading.get_ident())))
+    x = torch.randn(16, 16, device="cuda", requires_grad=True)
+    floor.enable(1)
+    try:
+        (x @ x).relu().sum().backward()
+        torch.cuda.synchronize()
+    finally:
+        floor.disable()
+        floor.set_on_op(None)
+    engine_ops = {name for name, thread in seen if thread != threading.get_ident()}
+    assert "aten::mm" in engine_ops and "aten::threshold_backward" in engine_ops, seen
+
+
+def test_a_key_already_taken_makes_the_import_fail_saying_so():
+    floor = _built_extension(_bench_module())
+    code = ("import importlib.util, sys, torch\n"
+            "taken = torch.library.Library('_', 'IMPL')\n"
+            "taken.fallback(lambda *args: None, dispatch_key='DeferredInit')\n"
+            "spec = importlib.util.spec_from_file_location('dispatch_floor', sys.argv[1])\n"
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n")
+    done = subprocess.run([sys.executable, "-c", code, floor.__file__], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "ImportError: dispatch_floor: cannot register a fallback on DeferredInit" in done.stderr, done.stderr
+    assert "Tried to register multiple backend fallbacks" in done.stderr
