@@ -115,6 +115,8 @@
 
 #include "json.h"
 
+#pragma GCC diagnostic ignored "-Wattributes"  // NPL_HOT (caching_allocator.h)
+
 namespace npl {
 
 namespace {
@@ -255,8 +257,7 @@ void CachingAllocator::runtime_error(const char* op, int code, const Block* b, S
     report(std::move(f));
 }
 
-void CachingAllocator::trace(TraceKind kind, const Block* b, Stream stream, const void* ptr) {
-    if (!trace_.enabled()) return;
+void CachingAllocator::trace_add(TraceKind kind, const Block* b, Stream stream, const void* ptr) {
     if (b == nullptr) {
         trace_.add(kind, -1, ptr, 0, stream, nullptr, 0);
         return;
@@ -373,7 +374,7 @@ void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stre
     return b->ptr;
 }
 
-Pool* CachingAllocator::pool(const PoolKey& key) {
+NPL_HOT Pool* CachingAllocator::pool(const PoolKey& key) {
     Pool* p = pools_.find(key);
     return __builtin_expect(p != nullptr, 1) ? p : new_pool(key);
 }
@@ -385,7 +386,7 @@ Pool* CachingAllocator::new_pool(const PoolKey& key) {
     return p;
 }
 
-void CachingAllocator::mark_live(Block* b, size_t requested) {
+NPL_HOT void CachingAllocator::mark_live(Block* b, size_t requested) {
     b->state = BlockState::live;
     b->requested = requested;
     book_.on_alloc(b);
@@ -402,7 +403,7 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
 // stays cached).  A block carrying events is taken once the allocating
 // stream waits on them, never while a capture is underway (the wait would
 // pull outside work into the graph; the query is forbidden).
-Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
+NPL_HOT Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
     int frozen = -1;  // asked once, only if a block with events comes up
     for (Block* b = p->blocks.at_least(size); b != nullptr; b = p->blocks.after(b)) {
         if (hidden_expandable(b)) continue;
@@ -422,7 +423,7 @@ Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
 
 // Takes cached `b` out of its pool for `size` bytes; a remainder worth
 // keeping takes b's place in the pool.
-void CachingAllocator::take(Block* b, size_t size) {
+NPL_HOT void CachingAllocator::take(Block* b, size_t size) {
     if (!worth_splitting(b, size)) {
         pool_erase(b);
         return;
@@ -495,32 +496,26 @@ void CachingAllocator::split(Block* b, size_t size) {
 }
 
 // The block after the first `size` bytes of `b`, linked in its segment (not cached yet).
-Block* CachingAllocator::split_off(Block* b, size_t size) {
+NPL_HOT Block* CachingAllocator::split_off(Block* b, size_t size) {
     Block* rest = new_block();
     Segments::split(b, size, rest);
     rest->state = BlockState::cached;
     return rest;
 }
 
-Block* CachingAllocator::new_block() {
+NPL_HOT Block* CachingAllocator::new_block() {
     if (spare_blocks_.empty()) return new Block();
     Block* b = spare_blocks_.back();
     spare_blocks_.pop_back();
     return b;
 }
 
-// Keeps the vectors' capacity: recycled blocks allocate nothing.
-void CachingAllocator::recycle_block(Block* b) {
-    std::vector<StreamUse> uses = std::move(b->uses);
-    std::vector<HeldEvent> held = std::move(b->held);
-    std::vector<Stream> last_streams = std::move(b->last_streams);
-    *b = Block();
-    uses.clear();
-    held.clear();
-    last_streams.clear();
-    b->uses = std::move(uses);
-    b->held = std::move(held);
-    b->last_streams = std::move(last_streams);
+// Keeps the lists' capacity: recycled blocks allocate nothing.
+NPL_HOT void CachingAllocator::recycle_block(Block* b) {
+    b->reset_fields();
+    b->uses.clear();
+    b->held.clear();
+    b->last_streams.clear();
     spare_blocks_.push_back(b);
 }
 
@@ -529,7 +524,7 @@ void CachingAllocator::pool_insert(Block* b) {
     count_cached<+1>(b);
 }
 
-void CachingAllocator::pool_erase(Block* b) {
+NPL_HOT void CachingAllocator::pool_erase(Block* b) {
     b->pool->blocks.erase(b);
     count_cached<-1>(b);
 }
@@ -538,7 +533,7 @@ void CachingAllocator::pool_erase(Block* b) {
 // it leaves); a cached block's events or neighbours change only between
 // the two.
 template <int Sign>
-void CachingAllocator::count_cached(const Block* b) {
+NPL_HOT void CachingAllocator::count_cached(const Block* b) {
     bool split = counts_as_split(b), waiting = !b->held.empty();
     if (!split && !waiting) return;
     DeviceStats& s = *b->pool->stats;
@@ -555,34 +550,30 @@ void CachingAllocator::count_cached(const Block* b) {
 }
 
 // count_cached<-1> of a split block without events that is gone (merged).
-void CachingAllocator::uncount_plain_split(const Block* like, size_t size) {
+NPL_HOT void CachingAllocator::uncount_plain_split(const Block* like, size_t size) {
     like->pool->stats->shrink(StatId::inactive_split, like->small, 1);
     like->pool->stats->shrink(StatId::inactive_split_bytes, like->small, static_cast<int64_t>(size));
 }
 
 // Caches a block, merging it with cached neighbours of its segment; the
 // merged block takes the first neighbour's place in the pool.
-void CachingAllocator::cache_block(Block* b) {
+NPL_HOT void CachingAllocator::cache_block(Block* b) {
     b->state = BlockState::cached;
-    Block* seat = nullptr;
-    bool plain_seat = false;  // the seat was split and carried no events
-    size_t seat_size = 0;
-    for (Block* n : {b->prev, b->next}) {
-        if (n == nullptr || n->state != BlockState::cached) continue;
-        if (seat == nullptr) {  // it leaves the pool when b takes its node
-            plain_seat = counts_as_split(n) && n->held.empty();
-            if (!plain_seat) count_cached<-1>(n);
-            seat = n;
-            seat_size = n->size;
-        } else {
-            pool_erase(n);
+    Block* prev = b->prev != nullptr && b->prev->state == BlockState::cached ? b->prev : nullptr;
+    Block* next = b->next != nullptr && b->next->state == BlockState::cached ? b->next : nullptr;
+    if (prev == nullptr && next == nullptr) {
+        pool_insert(b);
+    } else {
+        Block* seat = prev != nullptr ? prev : next;  // it leaves the pool when b takes its node
+        bool plain_seat = counts_as_split(seat) && seat->held.empty();  // split, no events
+        if (!plain_seat) count_cached<-1>(seat);
+        size_t seat_size = seat->size;
+        absorb(b, seat);
+        if (prev != nullptr && next != nullptr) {
+            pool_erase(next);
+            absorb(b, next);
+            recycle_block(next);
         }
-        Segments::merge(b, n);
-        for (const HeldEvent& h : n->held) hold(b, h);
-        n->held.clear();
-        if (n != seat) recycle_block(n);
-    }
-    if (seat != nullptr) {
         b->pool->blocks.replace(seat, b, BlockSet::Order::larger);
         recycle_block(seat);
         if (plain_seat && counts_as_split(b) && b->held.empty()) {  // the common case, as torch counts it: it grows
@@ -591,15 +582,21 @@ void CachingAllocator::cache_block(Block* b) {
             if (plain_seat) uncount_plain_split(b, seat_size);
             count_cached<+1>(b);
         }
-    } else {
-        pool_insert(b);
     }
-    if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
+    if (__builtin_expect(b->pool->id.eager(), 1) || !graph_pools_.freeable(b->device, b->pool->id)) return;
     // a released graph pool gives its segments back as they become free: this one
     if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !queries_frozen()) {
         Segment* seg = b->segment;
         if (release_segment(seg)) segments_.remove(seg);
     }
+}
+
+// `b` takes the bytes and events of `n`, its cached neighbour (leaving the segment).
+NPL_HOT void CachingAllocator::absorb(Block* b, Block* n) {
+    Segments::merge(b, n);
+    if (__builtin_expect(n->held.empty(), 1)) return;
+    for (const HeldEvent& h : n->held) hold(b, h);
+    n->held.clear();
 }
 
 // ---- free and validation ---------------------------------------------------

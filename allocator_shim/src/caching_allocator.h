@@ -30,6 +30,13 @@
 
 namespace npl {
 
+// On a function of the allocation or free path that a cached pair runs:
+// inlined where caching_allocator.cpp calls it (an out-of-line copy serves
+// the other files).
+// (GCC's -Wattributes warns that such a non-inline function "might not be
+// inlinable": it is, in this file; caching_allocator.cpp silences it.)
+#define NPL_HOT __attribute__((always_inline))
+
 enum class Policy : int {
     poll = 0,         // a freed block waiting on events is reusable once they all fired (polled)
     stream_wait = 1,  // reusable at once; the allocating stream waits GPU-side on its events
@@ -170,10 +177,11 @@ class CachingAllocator {
     void settle(Block* b);  // a freed block with its held events decided: pending, cached or quarantined
     void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
+    void absorb(Block* b, Block* n);
     void pool_insert(Block* b);
     void pool_erase(Block* b);
     template <int Sign>
-    void count_cached(const Block* b);
+    NPL_HOT void count_cached(const Block* b);
     void uncount_plain_split(const Block* like, size_t size);
     Block* new_block();
     void recycle_block(Block* b);
@@ -227,7 +235,10 @@ class CachingAllocator {
     static Finding about(const Block* b, const char* kind, const char* op);
     void report(Finding f);
     void unknown_pool(const char* op, int device, PoolId id);
-    void trace(TraceKind kind, const Block* b, Stream stream, const void* ptr = nullptr);
+    void trace(TraceKind kind, const Block* b, Stream stream, const void* ptr = nullptr) {
+        if (__builtin_expect(trace_.enabled(), 0)) trace_add(kind, b, stream, ptr);
+    }
+    void trace_add(TraceKind kind, const Block* b, Stream stream, const void* ptr);
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
