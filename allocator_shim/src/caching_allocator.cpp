@@ -156,7 +156,7 @@ size_t segment_size_for(size_t size, bool small) {
 }
 
 bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     if (!segments_.empty() && runtime != rt_) {
         *why = "the runtime can't change while the allocator holds memory";
         return false;
@@ -167,29 +167,29 @@ bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
 }
 
 const Runtime* CachingAllocator::runtime() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     return rt_;
 }
 
 bool CachingAllocator::holds_memory() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     return !segments_.empty();
 }
 
 void CachingAllocator::set_policy(Policy p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     if (p == policy_) return;
     policy_ = p;
     regate_pending();
 }
 
 Policy CachingAllocator::policy() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     return policy_;
 }
 
 void CachingAllocator::init(int device_count) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     device_count_ = device_count;
 }
 
@@ -290,7 +290,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     // Every NULL for a positive size leaves its own reason in
     // last_oom_message() (what torch's bridge raises), never an earlier one's
     // (an exception's: internal_error, at the C boundary).
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     if (rt_ == nullptr) ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
@@ -318,7 +318,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
 // (cudagraph trees restoring a pool checkpoint re-allocate the blocks its
 // graphs' outputs occupied, through torch, so torch knows them again).
 void CachingAllocator::claim_next(void* ptr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     if (claim_ == nullptr) claims_++;
     claim_ = static_cast<char*>(ptr);
 }
@@ -603,7 +603,7 @@ NPL_HOT void CachingAllocator::absorb(Block* b, Block* n) {
 
 void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) {
     if (ptr == nullptr) return;  // the zero-byte allocation
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     Address* a = book_.find(ptr);
     Block* b = a != nullptr ? a->live : nullptr;
     if (b == nullptr) {
@@ -840,7 +840,7 @@ StreamUse& CachingAllocator::use_of(Block* b, Stream stream) {
 }
 
 int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     ensure_runtime();
     Block* b = live_block(ptr, "record_stream", stream);
     if (b == nullptr) return -1;
@@ -852,7 +852,7 @@ int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device)
 }
 
 int CachingAllocator::erase_stream(void* ptr, Stream stream) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     ensure_runtime();
     Block* b = live_block(ptr, "erase_stream", stream);
     if (b == nullptr) return -1;
@@ -864,7 +864,7 @@ int CachingAllocator::erase_stream(void* ptr, Stream stream) {
 }
 
 int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bool noted) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
     ensure_runtime();
     Block* b = live_block(ptr, noted ? "note_use" : "record_use", stream);
     if (b == nullptr) return -1;

@@ -15,6 +15,7 @@
 
 #include "npu_lifetime_shim.h"
 #include "address_book.h"
+#include "allocator_lock.h"
 #include "block.h"
 #include "capture_joins.h"
 #include "capture_reach.h"
@@ -242,7 +243,7 @@ class CachingAllocator {
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
-    mutable std::mutex mu_;
+    mutable AllocatorLock mu_;  // allocator_lock.h
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::lazy_wait;
     Pools pools_;  // the free-block pools (pools.h)
