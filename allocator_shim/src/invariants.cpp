@@ -7,7 +7,9 @@
 // -DNPL_CHECK_INVARIANTS (NPL_DEBUG_INVARIANTS=1 pip install -e .) also runs
 // it after every C entry point and reports a violation as an
 // `invariant_violation` finding, as mimalloc and torch assert theirs in
-// debug builds.  It only reads: no runtime call, no change.
+// debug builds.  It only reads: no runtime call, no change (its lock, as
+// every entry point's, first merges a block the last free left unmerged:
+// caching_allocator.cpp, "the cached pair").
 #include <array>
 #include <map>
 #include <unordered_map>
