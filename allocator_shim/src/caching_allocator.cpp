@@ -99,9 +99,10 @@
 // after every step of the stress and property tests, and after every entry
 // point in a build with -DNPL_CHECK_INVARIANTS.
 //
-// Locking.  One mutex, mu_ (allocator_lock.h), guards every block, segment, pool, event,
-// statistic, the address book, the event queues, graph pools, quarantine
-// and trace (none of those classes has a lock of its own).  Runtime
+// Locking.  One mutex, mu_ (allocator_lock.h), guards every block,
+// segment, pool, event, statistic, the address book, the event queues,
+// graph pools, quarantine and trace (none of those classes has a lock of
+// its own).  Runtime
 // calls happen under it (as in torch's allocator).  The findings queue has
 // its own lock, taken after mu_.  No callback into the caller runs under
 // mu_ (the sanitizer's hooks run in exports.cpp, outside it).  Every entry
