@@ -39,7 +39,8 @@ class AddressBook {
 
     // A new owner at `b->ptr`: sets `b->generation`.
     void on_alloc(Block* b) {
-        Address& a = map_[b->ptr];
+        // most allocations take the address freed last (a cached pair): no hash then
+        Address& a = last_freed_ != nullptr && last_freed_->key == b->ptr ? *last_freed_ : map_[b->ptr];
         a.key = b->ptr;
         a.live = b;
         b->generation = ++a.generation;
@@ -63,11 +64,12 @@ class AddressBook {
         a.freed = true;
         a.freed_size = b->requested;
         a.freed_stream = b->stream;
+        last_freed_ = &a;
         if (!a.listed) append(&a);
     }
     void clear() {
         map_.clear();
-        oldest_ = newest_ = nullptr;
+        oldest_ = newest_ = last_freed_ = nullptr;
         listed_ = 0;
     }
     size_t size() const { return map_.size(); }
@@ -112,13 +114,16 @@ class AddressBook {
         else newest_ = nullptr;
         listed_--;
         a->listed = false;
-        if (a->live == nullptr) map_.erase(const_cast<void*>(a->key));  // a freed address: forgotten
+        if (a->live != nullptr) return;
+        if (a == last_freed_) last_freed_ = nullptr;
+        map_.erase(const_cast<void*>(a->key));  // a freed address: forgotten
     }
 
     std::unordered_map<void*, Address> map_;
     Address* oldest_ = nullptr;  // the list of freed addresses
     Address* newest_ = nullptr;
     size_t listed_ = 0;
+    Address* last_freed_ = nullptr;  // the entry on_free saw last (a hint: may be live again), or nullptr
 };
 
 }  // namespace npl

@@ -58,7 +58,9 @@ struct Expansion;
 struct Pool;
 struct DeviceStats;
 
-struct Block {
+// A block's fields other than its lists: what recycling a block resets
+// (the lists are only cleared, keeping their capacity).
+struct BlockFields {
     char* ptr = nullptr;
     size_t size = 0;       // rounded size
     size_t requested = 0;  // what the live owner asked for
@@ -72,11 +74,32 @@ struct Block {
     Block* next = nullptr;
     BlockState state = BlockState::cached;
     BlockSet::Slot slot;  // its node in the pool's set, while cached
+    uint32_t gates = 0;      // pending: its entries in the per-stream event FIFOs (event_queues.h)
+    bool poisoned = false;   // debug mode: filled with the poison when quarantined
+
+    // `*this = BlockFields()` field by field (GCC copies a temporary: twice the stores).
+    void reset_fields() {
+        static_assert(sizeof(BlockFields) == 112, "a field was added: reset it here");
+        ptr = nullptr;
+        size = requested = 0;
+        device = 0;
+        stream = nullptr;
+        small = false;
+        generation = 0;
+        segment = nullptr;
+        pool = nullptr;
+        prev = next = nullptr;
+        state = BlockState::cached;
+        slot = BlockSet::Slot();
+        gates = 0;
+        poisoned = false;
+    }
+};
+
+struct Block : BlockFields {
     std::vector<StreamUse> uses;
     std::vector<HeldEvent> held;
     std::vector<Stream> last_streams;  // debug mode: the other streams of the last owner
-    uint32_t gates = 0;                // pending: its entries in the per-stream event FIFOs (event_queues.h)
-    bool poisoned = false;             // debug mode: filled with the poison when quarantined
 
     bool split() const { return prev != nullptr || next != nullptr; }
     bool must_fire() const {
@@ -139,3 +162,5 @@ struct PoolKeyHash {
 };
 
 }  // namespace npl
+
+#include "block_set_inline.h"  // BlockSet's operations need Block

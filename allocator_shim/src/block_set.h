@@ -6,7 +6,7 @@
 // takes the place of another, so every block remembers its tree node, and
 // `replace` reuses that node in place when the newcomer sorts to the same
 // position: no search, no node, no rebalancing.  Only the allocator's lock
-// guards a set.
+// guards a set.  The operations are inline (block_set_inline.h).
 #pragma once
 
 #include <cstddef>
@@ -88,6 +88,7 @@ class BlockSet {
     size_t size() const { return tree_.size(); }
 
    private:
+    static bool before(const Block* a, const Block* b);  // best-fit order: size, then address
     Tree tree_;
 };
 

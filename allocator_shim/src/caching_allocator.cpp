@@ -99,12 +99,16 @@
 // after every step of the stress and property tests, and after every entry
 // point in a build with -DNPL_CHECK_INVARIANTS.
 //
-// Locking.  One mutex, mu_, guards every block, segment, pool, event,
-// statistic, the address book, the event queues, graph pools, quarantine
-// and trace (none of those classes has a lock of its own).  Runtime
+// Locking.  One mutex, mu_ (allocator_lock.h), guards every block,
+// segment, pool, event, statistic, the address book, the event queues,
+// graph pools, quarantine and trace (none of those classes has a lock of
+// its own).  Runtime
 // calls happen under it (as in torch's allocator).  The findings queue has
 // its own lock, taken after mu_.  No callback into the caller runs under
-// mu_ (the sanitizer's hooks run in exports.cpp, outside it).
+// mu_ (the sanitizer's hooks run in exports.cpp, outside it).  Every entry
+// point but allocate and free takes it through Locked, which first merges
+// the block the last free may have left unmerged (see "the cached pair"):
+// the invariants above hold whenever any other code looks.
 // ---------------------------------------------------------------------------
 #include "caching_allocator.h"
 
@@ -114,6 +118,8 @@
 #include <utility>
 
 #include "json.h"
+
+#pragma GCC diagnostic ignored "-Wattributes"  // NPL_HOT (caching_allocator.h)
 
 namespace npl {
 
@@ -154,7 +160,7 @@ size_t segment_size_for(size_t size, bool small) {
 }
 
 bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     if (!segments_.empty() && runtime != rt_) {
         *why = "the runtime can't change while the allocator holds memory";
         return false;
@@ -165,29 +171,29 @@ bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
 }
 
 const Runtime* CachingAllocator::runtime() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     return rt_;
 }
 
 bool CachingAllocator::holds_memory() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     return !segments_.empty();
 }
 
 void CachingAllocator::set_policy(Policy p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     if (p == policy_) return;
     policy_ = p;
     regate_pending();
 }
 
 Policy CachingAllocator::policy() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     return policy_;
 }
 
 void CachingAllocator::init(int device_count) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     device_count_ = device_count;
 }
 
@@ -255,8 +261,7 @@ void CachingAllocator::runtime_error(const char* op, int code, const Block* b, S
     report(std::move(f));
 }
 
-void CachingAllocator::trace(TraceKind kind, const Block* b, Stream stream, const void* ptr) {
-    if (!trace_.enabled()) return;
+void CachingAllocator::trace_add(TraceKind kind, const Block* b, Stream stream, const void* ptr) {
     if (b == nullptr) {
         trace_.add(kind, -1, ptr, 0, stream, nullptr, 0);
         return;
@@ -289,9 +294,17 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     // Every NULL for a positive size leaves its own reason in
     // last_oom_message() (what torch's bridge raises), never an earlier one's
     // (an exception's: internal_error, at the C boundary).
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);  // (not Locked: unmerged_ is looked at below)
     if (rt_ == nullptr) ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
+    if (unmerged_ != nullptr) {  // the cached pair: the block the last free left unmerged, if it fits
+        if (Block* b = take_unmerged(device, stream, rounded)) {
+            b->pool->stats->count(CounterId::cache_hits);
+            b->pool->stats->count(CounterId::unmerged_reuses);
+            mark_live(b, static_cast<size_t>(size));
+            return b->ptr;
+        }
+    }
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
@@ -317,7 +330,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
 // (cudagraph trees restoring a pool checkpoint re-allocate the blocks its
 // graphs' outputs occupied, through torch, so torch knows them again).
 void CachingAllocator::claim_next(void* ptr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     if (claim_ == nullptr) claims_++;
     claim_ = static_cast<char*>(ptr);
 }
@@ -373,7 +386,7 @@ void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stre
     return b->ptr;
 }
 
-Pool* CachingAllocator::pool(const PoolKey& key) {
+NPL_HOT Pool* CachingAllocator::pool(const PoolKey& key) {
     Pool* p = pools_.find(key);
     return __builtin_expect(p != nullptr, 1) ? p : new_pool(key);
 }
@@ -385,7 +398,7 @@ Pool* CachingAllocator::new_pool(const PoolKey& key) {
     return p;
 }
 
-void CachingAllocator::mark_live(Block* b, size_t requested) {
+NPL_HOT void CachingAllocator::mark_live(Block* b, size_t requested) {
     b->state = BlockState::live;
     b->requested = requested;
     book_.on_alloc(b);
@@ -402,7 +415,7 @@ void CachingAllocator::mark_live(Block* b, size_t requested) {
 // stays cached).  A block carrying events is taken once the allocating
 // stream waits on them, never while a capture is underway (the wait would
 // pull outside work into the graph; the query is forbidden).
-Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
+NPL_HOT Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
     int frozen = -1;  // asked once, only if a block with events comes up
     for (Block* b = p->blocks.at_least(size); b != nullptr; b = p->blocks.after(b)) {
         if (hidden_expandable(b)) continue;
@@ -422,7 +435,7 @@ Block* CachingAllocator::take_cached(Pool* p, size_t size, Stream stream) {
 
 // Takes cached `b` out of its pool for `size` bytes; a remainder worth
 // keeping takes b's place in the pool.
-void CachingAllocator::take(Block* b, size_t size) {
+NPL_HOT void CachingAllocator::take(Block* b, size_t size) {
     if (!worth_splitting(b, size)) {
         pool_erase(b);
         return;
@@ -495,32 +508,26 @@ void CachingAllocator::split(Block* b, size_t size) {
 }
 
 // The block after the first `size` bytes of `b`, linked in its segment (not cached yet).
-Block* CachingAllocator::split_off(Block* b, size_t size) {
+NPL_HOT Block* CachingAllocator::split_off(Block* b, size_t size) {
     Block* rest = new_block();
     Segments::split(b, size, rest);
     rest->state = BlockState::cached;
     return rest;
 }
 
-Block* CachingAllocator::new_block() {
+NPL_HOT Block* CachingAllocator::new_block() {
     if (spare_blocks_.empty()) return new Block();
     Block* b = spare_blocks_.back();
     spare_blocks_.pop_back();
     return b;
 }
 
-// Keeps the vectors' capacity: recycled blocks allocate nothing.
-void CachingAllocator::recycle_block(Block* b) {
-    std::vector<StreamUse> uses = std::move(b->uses);
-    std::vector<HeldEvent> held = std::move(b->held);
-    std::vector<Stream> last_streams = std::move(b->last_streams);
-    *b = Block();
-    uses.clear();
-    held.clear();
-    last_streams.clear();
-    b->uses = std::move(uses);
-    b->held = std::move(held);
-    b->last_streams = std::move(last_streams);
+// Keeps the lists' capacity: recycled blocks allocate nothing.
+NPL_HOT void CachingAllocator::recycle_block(Block* b) {
+    b->reset_fields();
+    b->uses.clear();
+    b->held.clear();
+    b->last_streams.clear();
     spare_blocks_.push_back(b);
 }
 
@@ -529,7 +536,7 @@ void CachingAllocator::pool_insert(Block* b) {
     count_cached<+1>(b);
 }
 
-void CachingAllocator::pool_erase(Block* b) {
+NPL_HOT void CachingAllocator::pool_erase(Block* b) {
     b->pool->blocks.erase(b);
     count_cached<-1>(b);
 }
@@ -538,7 +545,7 @@ void CachingAllocator::pool_erase(Block* b) {
 // it leaves); a cached block's events or neighbours change only between
 // the two.
 template <int Sign>
-void CachingAllocator::count_cached(const Block* b) {
+NPL_HOT void CachingAllocator::count_cached(const Block* b) {
     bool split = counts_as_split(b), waiting = !b->held.empty();
     if (!split && !waiting) return;
     DeviceStats& s = *b->pool->stats;
@@ -555,34 +562,30 @@ void CachingAllocator::count_cached(const Block* b) {
 }
 
 // count_cached<-1> of a split block without events that is gone (merged).
-void CachingAllocator::uncount_plain_split(const Block* like, size_t size) {
+NPL_HOT void CachingAllocator::uncount_plain_split(const Block* like, size_t size) {
     like->pool->stats->shrink(StatId::inactive_split, like->small, 1);
     like->pool->stats->shrink(StatId::inactive_split_bytes, like->small, static_cast<int64_t>(size));
 }
 
 // Caches a block, merging it with cached neighbours of its segment; the
 // merged block takes the first neighbour's place in the pool.
-void CachingAllocator::cache_block(Block* b) {
+NPL_HOT void CachingAllocator::cache_block(Block* b) {
     b->state = BlockState::cached;
-    Block* seat = nullptr;
-    bool plain_seat = false;  // the seat was split and carried no events
-    size_t seat_size = 0;
-    for (Block* n : {b->prev, b->next}) {
-        if (n == nullptr || n->state != BlockState::cached) continue;
-        if (seat == nullptr) {  // it leaves the pool when b takes its node
-            plain_seat = counts_as_split(n) && n->held.empty();
-            if (!plain_seat) count_cached<-1>(n);
-            seat = n;
-            seat_size = n->size;
-        } else {
-            pool_erase(n);
+    Block* prev = b->prev != nullptr && b->prev->state == BlockState::cached ? b->prev : nullptr;
+    Block* next = b->next != nullptr && b->next->state == BlockState::cached ? b->next : nullptr;
+    if (prev == nullptr && next == nullptr) {
+        pool_insert(b);
+    } else {
+        Block* seat = prev != nullptr ? prev : next;  // it leaves the pool when b takes its node
+        bool plain_seat = counts_as_split(seat) && seat->held.empty();  // split, no events
+        if (!plain_seat) count_cached<-1>(seat);
+        size_t seat_size = seat->size;
+        absorb(b, seat);
+        if (prev != nullptr && next != nullptr) {
+            pool_erase(next);
+            absorb(b, next);
+            recycle_block(next);
         }
-        Segments::merge(b, n);
-        for (const HeldEvent& h : n->held) hold(b, h);
-        n->held.clear();
-        if (n != seat) recycle_block(n);
-    }
-    if (seat != nullptr) {
         b->pool->blocks.replace(seat, b, BlockSet::Order::larger);
         recycle_block(seat);
         if (plain_seat && counts_as_split(b) && b->held.empty()) {  // the common case, as torch counts it: it grows
@@ -591,10 +594,8 @@ void CachingAllocator::cache_block(Block* b) {
             if (plain_seat) uncount_plain_split(b, seat_size);
             count_cached<+1>(b);
         }
-    } else {
-        pool_insert(b);
     }
-    if (b->pool->id.eager() || !graph_pools_.freeable(b->device, b->pool->id)) return;
+    if (__builtin_expect(b->pool->id.eager(), 1) || !graph_pools_.freeable(b->device, b->pool->id)) return;
     // a released graph pool gives its segments back as they become free: this one
     if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !queries_frozen()) {
         Segment* seg = b->segment;
@@ -602,11 +603,100 @@ void CachingAllocator::cache_block(Block* b) {
     }
 }
 
+// `b` takes the bytes and events of `n`, its cached neighbour (leaving the segment).
+NPL_HOT void CachingAllocator::absorb(Block* b, Block* n) {
+    Segments::merge(b, n);
+    if (__builtin_expect(n->held.empty(), 1)) return;
+    for (const HeldEvent& h : n->held) hold(b, h);
+    n->held.clear();
+}
+
+// ---- the cached pair --------------------------------------------------------
+//
+// The hot path is a free and an allocation of the same size on the same
+// stream: the free merges the block into its cached successor, the
+// allocation splits it off again at the same place.  So a free whose merge
+// is that simple (eager pool, plain segment, the successor cached without
+// events, the predecessor not cached) leaves the block unmerged (unmerged_),
+// counting the statistics as the merge would.  The next allocation takes it
+// back when the merged block is what its best-fit search would pick and
+// split at the block's end (counting as that split would): the state is
+// then the one merge + split leaves.  Otherwise, and before any other entry
+// point runs (Locked), the merge is done.  So nothing else ever sees the
+// block unmerged, and the outcome of every call is as without the shortcut
+// (test_shim_hot_path.py compares the two).
+
+// The merge cache_block would make of `b` (no events: not a "waiting" block), if that simple.
+NPL_HOT bool CachingAllocator::leave_unmerged(Block* b) {
+    Block* next = b->next;
+    if (next == nullptr || next->state != BlockState::cached || !next->held.empty() ||
+        (b->prev != nullptr && b->prev->state == BlockState::cached) || b->segment->expansion != nullptr ||
+        !b->pool->id.eager()) {
+        return false;
+    }
+    // next counts as an inactive split block; the merged block does if still split
+    DeviceStats& s = *b->pool->stats;
+    if (b->prev != nullptr || next->next != nullptr) {
+        s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
+    } else {
+        uncount_plain_split(b, next->size);
+    }
+    b->state = BlockState::cached;
+    unmerged_ = b;
+    return true;
+}
+
+// `b` = unmerged_, taken back for `rounded` bytes on (`device`, `stream`),
+// or nullptr after merging it (the allocation then searches as usual).
+NPL_HOT Block* CachingAllocator::take_unmerged(int device, Stream stream, size_t rounded) {
+    Block* b = unmerged_;
+    Block* next = b->next;
+    size_t merged = b->size + next->size;
+    bool same_pool = b->size == rounded && b->device == device && b->stream == stream &&
+                     b->small == (rounded <= kSmallLimit);
+    // what allocate() would do before its search: nothing (no claim, capture, deferral or pending block)
+    bool quiet = !(claims_ != 0 && claim_ != nullptr) && !graph_pools_.any_capture_underway() &&
+                 !events_.any_deferred() && events_.pending_blocks() == 0;
+    if (!same_pool || !quiet || b->pool->no_split || (!b->small && next->size <= kSmallLimit)) {  // (worth_splitting)
+        merge_unmerged();
+        return nullptr;
+    }
+    // best fit: the first cached block of at least `rounded` bytes, the merged one included
+    BlockSet& set = b->pool->blocks;
+    Block* rival = set.at_least(rounded);
+    if (rival == next) rival = set.after(next);
+    if (rival != nullptr && (rival->size != merged ? rival->size < merged : rival->ptr < b->ptr)) {
+        merge_unmerged();
+        return nullptr;
+    }
+    // as take() splits the merged block: next is the rest, in its node
+    DeviceStats& s = *b->pool->stats;
+    if (b->prev != nullptr || next->next != nullptr) {
+        s.shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(rounded));
+    } else {
+        s.grow(StatId::inactive_split, b->small, 1);
+        s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(next->size));
+    }
+    unmerged_ = nullptr;
+    return b;
+}
+
+// What cache_block would have done with unmerged_ (its statistics are counted).
+void CachingAllocator::merge_unmerged() {
+    Block* b = unmerged_;
+    unmerged_ = nullptr;
+    Block* next = b->next;
+    Segments::merge(b, next);
+    b->pool->blocks.replace(next, b, BlockSet::Order::larger);
+    recycle_block(next);
+}
+
 // ---- free and validation ---------------------------------------------------
 
 void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) {
     if (ptr == nullptr) return;  // the zero-byte allocation
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);
+    if (unmerged_ != nullptr) merge_unmerged();  // (a cached pair frees with none)
     Address* a = book_.find(ptr);
     Block* b = a != nullptr ? a->live : nullptr;
     if (b == nullptr) {
@@ -624,7 +714,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     trace(TraceKind::free, b, nullptr);
     if (b->uses.empty() && b->held.empty() && !quarantine_.enabled()) {  // nothing to wait for (finish_free's
         trace(TraceKind::reusable, b, nullptr);                          // outcome, without its steps)
-        cache_block(b);
+        if (!leave_unmerged(b)) cache_block(b);
         return;
     }
     if (quarantine_.enabled()) {  // a write after the free is reported with these
@@ -843,7 +933,7 @@ StreamUse& CachingAllocator::use_of(Block* b, Stream stream) {
 }
 
 int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     ensure_runtime();
     Block* b = live_block(ptr, "record_stream", stream);
     if (b == nullptr) return -1;
@@ -855,7 +945,7 @@ int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device)
 }
 
 int CachingAllocator::erase_stream(void* ptr, Stream stream) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     ensure_runtime();
     Block* b = live_block(ptr, "erase_stream", stream);
     if (b == nullptr) return -1;
@@ -867,7 +957,7 @@ int CachingAllocator::erase_stream(void* ptr, Stream stream) {
 }
 
 int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bool noted) {
-    std::lock_guard<std::mutex> lock(mu_);
+    Locked lock(this);
     ensure_runtime();
     Block* b = live_block(ptr, noted ? "note_use" : "record_use", stream);
     if (b == nullptr) return -1;

@@ -15,6 +15,7 @@
 
 #include "npu_lifetime_shim.h"
 #include "address_book.h"
+#include "allocator_lock.h"
 #include "block.h"
 #include "capture_joins.h"
 #include "capture_reach.h"
@@ -29,6 +30,13 @@
 #include "trace.h"
 
 namespace npl {
+
+// On a function of the allocation or free path that a cached pair runs:
+// inlined where caching_allocator.cpp calls it (an out-of-line copy serves
+// the other files).
+// (GCC's -Wattributes warns that such a non-inline function "might not be
+// inlinable": it is, in this file; caching_allocator.cpp silences it.)
+#define NPL_HOT __attribute__((always_inline))
 
 enum class Policy : int {
     poll = 0,         // a freed block waiting on events is reusable once they all fired (polled)
@@ -118,6 +126,29 @@ class CachingAllocator {
     void unlock_after_fork();
 
    private:
+    // Holds mu_ for an entry point, after merging the block the last free
+    // left unmerged (unmerged_): no entry point but allocate and free (which
+    // take mu_ themselves) ever sees that block.
+    class Locked {
+       public:
+        explicit Locked(const CachingAllocator* a) : a_(const_cast<CachingAllocator*>(a)) {
+            a_->mu_.lock();
+            if (__builtin_expect(a_->unmerged_ == nullptr, 1)) return;
+            try {
+                a_->merge_unmerged();
+            } catch (...) {
+                a_->mu_.unlock();
+                throw;
+            }
+        }
+        ~Locked() { a_->mu_.unlock(); }
+        Locked(const Locked&) = delete;
+        Locked& operator=(const Locked&) = delete;
+
+       private:
+        CachingAllocator* a_;
+    };
+
     // All private members run with mu_ held.
     std::vector<std::string> invariant_violations_locked() const;
     bool ensure_runtime();
@@ -170,10 +201,15 @@ class CachingAllocator {
     void settle(Block* b);  // a freed block with its held events decided: pending, cached or quarantined
     void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
+    void absorb(Block* b, Block* n);
+    // The cached pair's shortcut (unmerged_)
+    bool leave_unmerged(Block* b);
+    Block* take_unmerged(int device, Stream stream, size_t rounded);
+    void merge_unmerged();
     void pool_insert(Block* b);
     void pool_erase(Block* b);
     template <int Sign>
-    void count_cached(const Block* b);
+    NPL_HOT void count_cached(const Block* b);
     void uncount_plain_split(const Block* like, size_t size);
     Block* new_block();
     void recycle_block(Block* b);
@@ -227,11 +263,14 @@ class CachingAllocator {
     static Finding about(const Block* b, const char* kind, const char* op);
     void report(Finding f);
     void unknown_pool(const char* op, int device, PoolId id);
-    void trace(TraceKind kind, const Block* b, Stream stream, const void* ptr = nullptr);
+    void trace(TraceKind kind, const Block* b, Stream stream, const void* ptr = nullptr) {
+        if (__builtin_expect(trace_.enabled(), 0)) trace_add(kind, b, stream, ptr);
+    }
+    void trace_add(TraceKind kind, const Block* b, Stream stream, const void* ptr);
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
-    mutable std::mutex mu_;
+    mutable AllocatorLock mu_;  // allocator_lock.h
     const Runtime* rt_ = nullptr;
     Policy policy_ = Policy::lazy_wait;
     Pools pools_;  // the free-block pools (pools.h)
@@ -252,6 +291,11 @@ class CachingAllocator {
     std::vector<double> fractions_;  // per device, as torch's: 1 (the default) the whole device, 0 nothing
     static thread_local char* claim_;
     int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
+    // A block the last free cached without merging it into its cached
+    // successor (caching_allocator.cpp, "the cached pair"): the statistics already count it
+    // merged; the next allocation takes it back if that merge's outcome
+    // would be split again right there, else it is merged first.
+    Block* unmerged_ = nullptr;
     bool expandable_ = false;
     bool expandable_warned_ = false;  // the runtime has no virtual memory: said once
     bool vm_refused_ = false;         // ... or it failed at first use: plain segments

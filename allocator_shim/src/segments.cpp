@@ -28,21 +28,6 @@ Block* Segments::block_at(const char* p) const {
     return nullptr;
 }
 
-void Segments::split(Block* b, size_t size, Block* rest) {
-    rest->ptr = b->ptr + size;
-    rest->size = b->size - size;
-    rest->device = b->device;
-    rest->stream = b->stream;
-    rest->small = b->small;
-    rest->segment = b->segment;
-    rest->pool = b->pool;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = size;
-}
-
 void Segments::cut_front(Block* b, char* at, Block* front) {
     front->ptr = b->ptr;
     front->size = static_cast<size_t>(at - b->ptr);
@@ -53,19 +38,6 @@ void Segments::cut_front(Block* b, char* at, Block* front) {
     b->prev = front;
     b->ptr = at;
     b->size -= front->size;
-}
-
-void Segments::merge(Block* b, Block* n) {
-    if (n == b->prev) {
-        b->ptr = n->ptr;
-        b->prev = n->prev;
-        if (n->prev != nullptr) n->prev->next = b;
-        if (b->segment->first == n) b->segment->first = b;
-    } else {
-        b->next = n->next;
-        if (n->next != nullptr) n->next->prev = b;
-    }
-    b->size += n->size;
 }
 
 Block* Segments::last(const Segment* seg) {

@@ -118,4 +118,33 @@ class Segments {
     std::map<char*, Segment*> map_;
 };
 
+// split and merge run on every cached allocation and free: inline.
+inline void Segments::split(Block* b, size_t size, Block* rest) {
+    rest->ptr = b->ptr + size;
+    rest->size = b->size - size;
+    rest->device = b->device;
+    rest->stream = b->stream;
+    rest->small = b->small;
+    rest->segment = b->segment;
+    rest->pool = b->pool;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+}
+
+inline void Segments::merge(Block* b, Block* n) {
+    if (n == b->prev) {
+        b->ptr = n->ptr;
+        b->prev = n->prev;
+        if (n->prev != nullptr) n->prev->next = b;
+        if (b->segment->first == n) b->segment->first = b;
+    } else {
+        b->next = n->next;
+        if (n->next != nullptr) n->next->prev = b;
+    }
+    b->size += n->size;
+}
+
 }  // namespace npl
