@@ -24,6 +24,10 @@ FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"
 # invariants after every entry point (allocator_shim/src/invariants.cpp).
 if os.environ.get("NPL_DEBUG_INVARIANTS") == "1":
     FLAGS += ["-DNPL_CHECK_INVARIANTS", "-g"]
+# NPL_FUTEX_LOCK=1: the allocator's lock is allocator_lock.h's futex mutex
+# instead of std::mutex (pending its FSDP2 A/B: design/allocator-shim.md).
+if os.environ.get("NPL_FUTEX_LOCK") == "1":
+    FLAGS += ["-DNPL_FUTEX_LOCK"]
 
 
 # Python extensions the package works without (each has a pure-Python

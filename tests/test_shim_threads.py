@@ -27,14 +27,17 @@ def hook_stress(tmp_path_factory):
 @pytest.fixture(scope="session")
 def debug_shim(tmp_path_factory):
     """The shim built as NPL_DEBUG_INVARIANTS=1 builds it (-DNPL_CHECK_INVARIANTS),
-    at -O1 to build faster: every entry point checks the invariants."""
+    at -O1 to build faster: every entry point checks the invariants.  With the
+    futex lock (-DNPL_FUTEX_LOCK, a build option until its FSDP2 A/B): the
+    8-thread stress then checks that lock's exclusion, the installed build
+    std::mutex's."""
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler")
     out = tmp_path_factory.mktemp("debug_shim")
     sources = sorted(Path("allocator_shim/src").glob("*.cpp"))
     flags = ["-std=c++17", "-O1", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-             "-DNPL_CHECK_INVARIANTS", "-Iallocator_shim/include"]
+             "-DNPL_CHECK_INVARIANTS", "-DNPL_FUTEX_LOCK", "-Iallocator_shim/include"]
 
     def compile_one(src):
         subprocess.run([cxx, *flags, "-c", str(src), "-o", str(out / f"{src.stem}.o")], check=True)

@@ -7,7 +7,20 @@
 // the kernel at once, as on std::mutex (a variant that spun before sleeping
 // made FSDP2's record_use step 4-11% slower: design/allocator-shim.md, "The
 // hot path").  Not recursive; Linux only, as the shim is.
+//
+// Built only with -DNPL_FUTEX_LOCK (NPL_FUTEX_LOCK=1 at install): until
+// its FSDP2 A/B on two GPUs has run (design/measurements/hot_path/
+// fsdp2_lock_ab_2026-11-27.sh), the lock is std::mutex, which the team's
+// last FSDP2 measurement stands behind.
 #pragma once
+
+#ifndef NPL_FUTEX_LOCK
+#include <mutex>
+
+namespace npl {
+using AllocatorLock = std::mutex;
+}  // namespace npl
+#else
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -51,3 +64,4 @@ class AllocatorLock {
 };
 
 }  // namespace npl
+#endif  // NPL_FUTEX_LOCK
