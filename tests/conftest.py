@@ -1,6 +1,7 @@
 import ctypes
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -68,3 +69,14 @@ def acl_shim(fake_acl_library):
     lib.fake_acl_set_task_queue(0)
     shim.reset()
     shim.select_runtime("sim")
+
+
+def wait_for(condition, timeout: float = 5.0) -> bool:
+    """Polls ``condition()`` every 2 ms for up to ``timeout`` seconds (a
+    background thread's work, e.g. the record_use reaper's); its last answer."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.002)
+    return condition()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import wait_for
 from npu_lifetime.recording import _holds_py, native_fallback
 from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
 
@@ -133,15 +134,6 @@ def make_graph_class(api):
             api.capture_underway = False
 
     return FakeGraph
-
-
-def wait_for(condition, timeout=5.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.002)
-    return condition()
 
 
 def test_a_use_on_the_allocation_stream_is_a_no_op(api, fallback):

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fake_cudart
 from fake_cudart import (CREATED, DESTROYED, FAIL_CREATE, FAIL_QUERY, FAIL_RECORD, INVALID_HANDLE, QUERIES,
                          RECORDS, SET_DEVICE, SYNCS, VIOLATIONS)
+from conftest import wait_for
 from npu_lifetime.recording import _holds_py, native_fallback
 from npu_lifetime.recording.native_fallback import CaptureGate, CudaAPI, NativeFallback, NpuAPI
 
@@ -116,15 +117,6 @@ def graph_class_of(fake):
             fake.capture_underway(False)
 
     return FakeGraph
-
-
-def wait_for(condition, timeout=5.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.002)
-    return condition()
 
 
 def test_events_are_made_recorded_and_queried_through_the_runtime(fake, fallback):
