@@ -19,18 +19,18 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from variants import at_least_one, empty_mode, run_rounds  # noqa: E402
+
 SOURCE = Path(__file__).resolve().parent / "dispatch_floor.cpp"
 OPS_PER_STEP = 7  # matmul, relu, add, mul_ (in place), sum, mul, tanh
 WRITES_PER_STEP = 1  # the mul_
 CPP_WORK = {"cpp-empty": 0, "cpp-python-call": 1, "cpp-walk": 2}  # the extension's enable(work)
 VARIANTS = ("none", "python-mode", *CPP_WORK)
-CHILD_TIMEOUT_S = 300
 
 
 def missing_tools() -> "str | None":
@@ -93,16 +93,6 @@ def workload(a, steps: int) -> int:
     return steps * OPS_PER_STEP
 
 
-def _empty_mode():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class EmptyMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    return EmptyMode()
-
-
 class _Variant:
     """Enters and leaves one variant in a child; says what the fallback saw."""
 
@@ -112,7 +102,7 @@ class _Variant:
             self.module = import_built(module_path)
             self.module.set_on_op(self._on_op)
         elif name == "python-mode":
-            self.mode = _empty_mode()
+            self.mode = empty_mode()
 
     def _on_op(self, name: str) -> None:
         self.python_calls += 1
@@ -177,22 +167,8 @@ def _check_seen(name: str, seen: dict, ops: int, writes: int) -> None:
 def alternate(module_path: str, args: argparse.Namespace) -> dict:
     """Runs every variant ``rounds`` times in fresh processes (order reversed
     every other round); returns each variant's samples and last child result."""
-    samples = {v: [] for v in VARIANTS}
-    last = {}
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     child_args = ["--module", module_path, "--device", args.device, "--steps", str(args.steps), "--repeats", str(args.repeats)]
-    for r in range(args.rounds):
-        for name in VARIANTS if r % 2 == 0 else reversed(VARIANTS):
-            try:
-                done = subprocess.run([sys.executable, __file__, "--child", name, *child_args],
-                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise SystemExit(f"{name} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            last[name] = json.loads(done.stdout.strip().splitlines()[-1])
-            samples[name] += last[name]["times"]
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    samples, last = run_rounds(__file__, VARIANTS, args.rounds, child_args)
     return {"samples": samples, "last": last}
 
 
@@ -219,22 +195,15 @@ def report(result: dict, args: argparse.Namespace) -> None:
               f"(Python called {seen['python_calls']}, writes walked {seen['writes_seen']})")
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--module", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the workload's tensors live (default cpu; cuda: ops are queued, each run waited for)")
-    parser.add_argument("--rounds", type=_at_least_one, default=5)
-    parser.add_argument("--steps", type=_at_least_one, default=300)
-    parser.add_argument("--repeats", type=_at_least_one, default=9)
+    parser.add_argument("--rounds", type=at_least_one, default=5)
+    parser.add_argument("--steps", type=at_least_one, default=300)
+    parser.add_argument("--repeats", type=at_least_one, default=9)
     parser.add_argument("--build-dir", type=Path, help="where to compile the extension (default: the cache)")
     args = parser.parse_args()
     if args.device == "cuda" and not args.child:

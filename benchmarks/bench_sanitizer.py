@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from variants import ROOT, alternate, run_child  # noqa: E402
+from variants import ROOT, alternate, at_least_one, run_child  # noqa: E402
 
 
 def workload(dev, steps: int) -> int:
@@ -52,13 +52,6 @@ def _device(device: str):
     return dev
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def _pick_device(parser: argparse.ArgumentParser, asked: "str | None") -> str:
     """CUDA where there is a GPU; else the simulated device, said aloud."""
     import torch
@@ -78,9 +71,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child")
     parser.add_argument("--device", choices=["cuda", "sim"], help="default: cuda when a GPU is present, else sim")
-    parser.add_argument("--rounds", type=_at_least_one, default=3)
-    parser.add_argument("--steps", type=_at_least_one, default=400)
-    parser.add_argument("--repeats", type=_at_least_one, default=7)
+    parser.add_argument("--rounds", type=at_least_one, default=3)
+    parser.add_argument("--steps", type=at_least_one, default=400)
+    parser.add_argument("--repeats", type=at_least_one, default=7)
     parser.add_argument("--floor", action="store_true",
                         help="also time an empty TorchDispatchMode: torch's dispatch floor under any such sanitizer")
     args = parser.parse_args()

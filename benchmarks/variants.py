@@ -4,6 +4,7 @@ allocator shim), each in a fresh child process, rounds alternating the order,
 and print medians and the overhead ratio to CSAN's from the same run."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -33,7 +34,7 @@ def setup_variant(variant: str, device: str):
 
         enable_cuda_sanitizer()
     if variant == FLOOR:
-        mode = _empty_mode()
+        mode = empty_mode()
         mode.__enter__()
         return mode
     if variant.startswith("lifetime"):
@@ -43,7 +44,8 @@ def setup_variant(variant: str, device: str):
     return None
 
 
-def _empty_mode():
+def empty_mode():
+    """A TorchDispatchMode that only calls each op (not entered)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class EmptyMode(TorchDispatchMode):
@@ -55,9 +57,11 @@ def _empty_mode():
 
 def finish_variant(installed) -> None:
     """Undoes ``setup_variant``; a sanitizer must have found nothing that fails."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     if installed is None:
         return
-    if not hasattr(installed, "flush"):  # the empty mode
+    if isinstance(installed, TorchDispatchMode):  # the empty mode
         installed.__exit__(None, None, None)
         return
     installed.disable()
@@ -102,29 +106,44 @@ def _profile_once(run: Callable) -> None:
     Path(path).write_text(text.getvalue())
 
 
+def run_rounds(script: str, variants: tuple, rounds: int, child_args: list) -> tuple:
+    """In the parent: runs ``script --child VARIANT *child_args`` for every
+    variant, ``rounds`` times, each in a fresh process (order reversed every
+    other round; ``CHILD_TIMEOUT_S`` each); returns each variant's timing
+    samples and its last child's JSON line."""
+    samples: dict = {v: [] for v in variants}
+    last: dict = {}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else reversed(variants):
+            try:
+                done = subprocess.run([sys.executable, script, "--child", variant, *child_args],
+                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"{variant} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
+            if done.returncode != 0:
+                raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
+            last[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+            samples[variant] += last[variant]["times"]
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    return samples, last
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a count of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def alternate(script: str, device: str, rounds: int, child_args: list, describe: str, floor: bool = False) -> dict:
     """In the parent: runs every variant ``rounds`` times in fresh processes
     (order reversed every other round); prints the table; returns medians.
     ``floor``: the empty-mode variant too."""
     variants = (VARIANTS_GPU if device == "cuda" else VARIANTS_SIM) + ((FLOOR,) if floor else ())
-    samples: dict = {v: [] for v in variants}
-    ops = 0
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    for r in range(rounds):
-        for variant in variants if r % 2 == 0 else reversed(variants):
-            try:
-                done = subprocess.run(
-                    [sys.executable, script, "--child", variant, "--device", device, *child_args],
-                    capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S,
-                )
-            except subprocess.TimeoutExpired:
-                raise SystemExit(f"{variant} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
-            if done.returncode != 0:
-                raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-            samples[variant] += result["times"]
-            ops = result["ops"]
-        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    samples, last = run_rounds(script, variants, rounds, ["--device", device, *child_args])
+    ops = last[variants[0]]["ops"]
     medians = {v: statistics.median(samples[v]) for v in variants}
     base = medians["none"]
     print(f"{describe}: {ops} ops per run, device {device}; medians of {rounds} rounds x "

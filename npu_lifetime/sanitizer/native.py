@@ -23,19 +23,13 @@ model: CI runs the sanitizer's tests both ways.
 """
 from __future__ import annotations
 
-import importlib
 import os
 
-ENABLED = os.environ.get("NPU_LIFETIME_NATIVE", "1") != "0"
+from ..native_parts import ENABLED, load
 
 
 def _load(name: str):
-    if not ENABLED:
-        return None
-    try:
-        return importlib.import_module(f"{__package__}.{name}")
-    except ImportError:  # not built (no compiler or Python headers at install)
-        return None
+    return load(f"{__package__}.{name}")
 
 
 frames = _load("_frames")

@@ -13,14 +13,13 @@ subscription is never torn down while a native call is inside it.
 from __future__ import annotations
 
 import atexit
-import importlib
-import os
 import sys
 import threading
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..native_parts import load
 from .native import ALLOC_HOOK, FREE_HOOK, library
 
 Callback = Callable[[int, int, int, int], None]
@@ -38,16 +37,7 @@ _subscribers: tuple = ()  # replaced, never mutated: native calls read it withou
 _native = None  # the hooks set (ctypes function pointers), kept alive while set
 
 
-def _load_relay():
-    if os.environ.get("NPU_LIFETIME_NATIVE", "1") == "0":
-        return None
-    try:
-        return importlib.import_module(f"{__package__}._hook_relay")
-    except ImportError:  # not built (no compiler or Python headers at install)
-        return None
-
-
-relay = _load_relay()  # _hook_relay.c, or None: the ctypes callbacks below
+relay = load(f"{__package__}._hook_relay")  # _hook_relay.c, or None: the ctypes callbacks below
 
 
 def subscribe(on_alloc: Optional[Callback], on_free: Optional[Callback],
