@@ -19,6 +19,9 @@ SOURCES = sorted(str(p) for p in (SHIM / "src").glob("*.cpp"))
 BRIDGES = sorted(SHIM.glob("torch_bridge/*.cpp"))
 SHIPPED = [*BRIDGES, SHIM / "include" / "npu_lifetime_shim.h"]
 HEADERS = sorted(str(p) for p in SHIM.glob("*/*.h"))
+# the library exports its npl_* entry points only (why: allocator_shim/libnpl.map)
+EXPORTS = SHIM / "libnpl.map"
+LINK_FLAGS = ["-shared", "-fPIC", f"-Wl,--version-script={EXPORTS}"]
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]
 # NPL_DEBUG_INVARIANTS=1: a debug build that checks the allocator's
 # invariants after every entry point (allocator_shim/src/invariants.cpp).
@@ -42,6 +45,9 @@ OPTIONAL_EXTENSIONS = [
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's feed of an op's accesses into the model (npu_lifetime/sanitizer/sanitizer.py)
     Extension("npu_lifetime.sanitizer._feed", sources=["npu_lifetime/sanitizer/_feed.c"],
+              depends=["npu_lifetime/sanitizer/access_object.h"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    Extension("npu_lifetime.sanitizer._dispatch", sources=["npu_lifetime/sanitizer/_dispatch.c"],
               depends=["npu_lifetime/sanitizer/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's allocations and frees into its storage table and model (npu_lifetime/sanitizer/storages.py)
@@ -103,7 +109,7 @@ class BuildShim(build_ext):
             for done in pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), compiles):
                 if done.returncode:
                     raise RuntimeError(f"{' '.join(done.args)} failed:\n{done.stdout}{done.stderr}")
-        link = [*cxx, "-shared", "-fPIC", *objects, "-o", str(out), "-ldl", "-lpthread"]
+        link = [*cxx, *LINK_FLAGS, *objects, "-o", str(out), "-ldl", "-lpthread"]
         print(" ".join(link))
         subprocess.check_call(link)
         for path in SHIPPED:
@@ -111,7 +117,7 @@ class BuildShim(build_ext):
 
 
 setup(
-    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, *map(str, BRIDGES)]),
+    ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, *map(str, BRIDGES), str(EXPORTS)]),
                  *OPTIONAL_EXTENSIONS],
     cmdclass={"build_ext": BuildShim},
 )

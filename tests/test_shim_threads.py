@@ -45,7 +45,8 @@ def debug_shim(tmp_path_factory):
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(compile_one, sources))
     library = out / "libnpl_debug.so"
-    subprocess.run([cxx, "-shared", *[str(out / f"{src.stem}.o") for src in sources], "-o", str(library), "-ldl",
+    subprocess.run([cxx, "-shared", "-Wl,--version-script=allocator_shim/libnpl.map",
+                    *[str(out / f"{src.stem}.o") for src in sources], "-o", str(library), "-ldl",
                     "-lpthread"], check=True)
     return library
 
