@@ -30,9 +30,10 @@ STEPS = st.lists(st.tuples(st.sampled_from(["read", "write", "new", "free", "wai
                            st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=25)
 
 
-def run_program(steps) -> list:
+def run_program(steps, whole_reports: bool = False) -> list:
     """The program on the simulated device under a fresh sanitizer; its
-    findings, as comparable text."""
+    findings, as comparable text (each one's first report line, or its
+    whole report: sites and fixes)."""
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
     with san:
         streams = [sd.default_stream(), sd.Stream(), sd.Stream()]
@@ -56,6 +57,8 @@ def run_program(steps) -> list:
                     streams[(s + 1) % 3].synchronize()
         del tensors
         gc.collect()
+    if whole_reports:
+        return sorted(san.report([f]) for f in san.flush())
     return sorted(f"{f.kind}: {san.report([f]).splitlines()[0]}" for f in san.flush())
 
 
@@ -75,7 +78,7 @@ def _python_only(monkeypatch) -> None:
 @given(STEPS)
 def test_random_programs_get_the_same_findings_both_ways(steps):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert native.in_use() == {"frames": True, "scan": True, "feed": True, "storage_feed": True,
+        assert native.in_use() == {"frames": True, "scan": True, "feed": True, "dispatch": True, "storage_feed": True,
                                    "trace_hook": True, "host_lock": True, "event_hook": True,
                                    "model": True}
         with_native = run_program(steps)

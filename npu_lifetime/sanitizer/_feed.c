@@ -154,72 +154,8 @@ static PyObject *feed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 
-/* The dispatch mode's __torch_dispatch__, bound to the mode (its __self__,
- * as torch checks), set on the mode instance by dispatch.py:
- * dispatcher(mode) once configure_dispatch(body, wrapped, set_eval_frame)
- * was called.  torch wraps a mode's __torch_dispatch__ so that Dynamo never
- * compiles it (torch._disable_dynamo: it sets the thread's eval-frame
- * callback to None around the call, then puts the previous one back); with
- * no callback set (no torch.compile running on this thread) that changes
- * nothing, and body runs directly; otherwise the wrapped method runs. */
-static PyObject *dispatch_body, *dispatch_wrapped, *set_eval_frame;
-
-static PyObject *dispatch(PyObject *mode, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *prior = PyObject_CallOneArg(set_eval_frame, Py_None);
-    if (prior == NULL) return NULL;
-    PyObject *target = dispatch_body;
-    if (prior != Py_None) { /* Dynamo is active: its callback back, and torch's own wrapper */
-        PyObject *back = PyObject_CallOneArg(set_eval_frame, prior);
-        Py_DECREF(prior);
-        if (back == NULL) return NULL;
-        Py_DECREF(back);
-        target = dispatch_wrapped;
-    } else {
-        Py_DECREF(prior);
-    }
-    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[8];
-    PyObject **call = total < 8 ? small : PyMem_New(PyObject *, total + 1);
-    if (call == NULL) return PyErr_NoMemory();
-    call[0] = mode;
-    for (Py_ssize_t i = 0; i < total; i++) call[i + 1] = args[i];
-    Py_INCREF(target); /* a configure_dispatch() during the call must not free it under us */
-    PyObject *result = PyObject_Vectorcall(target, call, nargs + 1, kwnames);
-    Py_DECREF(target);
-    if (call != small) PyMem_Free(call);
-    return result;
-}
-
-static PyMethodDef dispatch_def = {"__torch_dispatch__", (PyCFunction)(void (*)(void))dispatch,
-                                   METH_FASTCALL | METH_KEYWORDS, "The dispatch mode's __torch_dispatch__."};
-
-static PyObject *configure_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "configure_dispatch(body, wrapped, set_eval_frame)");
-        return NULL;
-    }
-    Py_XSETREF(dispatch_body, Py_NewRef(args[0]));
-    Py_XSETREF(dispatch_wrapped, Py_NewRef(args[1]));
-    Py_XSETREF(set_eval_frame, Py_NewRef(args[2]));
-    Py_RETURN_NONE;
-}
-
-static PyObject *dispatcher(PyObject *self, PyObject *mode) {
-    (void)self;
-    if (dispatch_body == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_feed.configure_dispatch() was not called");
-        return NULL;
-    }
-    return PyCFunction_New(&dispatch_def, mode);
-}
-
 static PyMethodDef methods[] = {
     {"feed", (PyCFunction)(void (*)(void))feed, METH_FASTCALL, "An op's accesses into the model; returns the races."},
-    {"configure_dispatch", (PyCFunction)(void (*)(void))configure_dispatch, METH_FASTCALL,
-     "Sets the dispatch mode's body, its Dynamo-disabled wrapper and torch's set_eval_frame."},
-    {"dispatcher", dispatcher, METH_O, "The mode's __torch_dispatch__, bound to it."},
     {"configure_access", configure_access, METH_O, "Sets _scan.AccessBase, whose slots feed reads directly."},
     {NULL, NULL, 0, NULL},
 };

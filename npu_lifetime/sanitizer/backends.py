@@ -30,6 +30,7 @@ class Backend:
     device_type = ""
     allocations_by_first_sight = False  # no allocator callbacks: see new storages in outputs
     hooks_ops = False  # before_op / inside_op do something (else the dispatch mode skips them)
+    stream_handle = None  # or h(device) -> handle with current_stream(device) == (device, h(device))
 
     def __init__(self) -> None:
         self.hub = Hub()
@@ -166,6 +167,10 @@ def _blocks_from_snapshot(segments, stream_field: str = "stream") -> dict:
 
 class CudaBackend(_TraceBackend):
     device_type = "cuda"
+    # tensor.device.type == "cuda", as a C call: the scan asks it of every tensor of every op
+    tracks = staticmethod(operator.attrgetter("is_cuda"))
+    # the current stream's handle on a device, a C call (_dispatch.c makes current_stream's key with it)
+    stream_handle = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", None))
 
     tracks = staticmethod(operator.attrgetter("is_cuda"))  # called per tensor per op: no Python frame
 
@@ -201,7 +206,7 @@ class CudaBackend(_TraceBackend):
         return torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
 
     def current_stream(self, device_index: int) -> tuple:
-        return (device_index, torch._C._cuda_getCurrentRawStream(device_index))
+        return (device_index, self.stream_handle(device_index))
 
     def stream_key(self, stream) -> tuple:
         if not isinstance(stream, torch.cuda.Stream):
@@ -318,6 +323,7 @@ class SimBackend(Backend):
     input existed before tracking, on the default stream."""
 
     device_type = "cpu"
+    tracks = staticmethod(operator.attrgetter("is_cpu"))  # as CudaBackend's
     allocations_by_first_sight = True
     hooks_ops = True
 

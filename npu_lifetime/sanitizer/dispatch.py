@@ -79,6 +79,8 @@ def _set_active(sanitizers: tuple) -> None:
     _depth = max((s.stack_depth for s in sanitizers), default=8)
     watchers.publish(by_type)  # record_use, record_stream, erase_stream reach these sanitizers from there
     _active = sanitizers
+    if _native_dispatch is not None:
+        _native_dispatch.common(_native_state(sanitizers))
 
 
 def _lifetime_ops() -> tuple:
@@ -90,8 +92,9 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self._lifetime = _lifetime_ops()
         if _native_dispatch is not None:
-            # __torch_dispatch__ in C, bound to this mode: the body below, without torch's Dynamo-disabling
-            # wrapper unless Dynamo is active on the thread (_feed.c, dispatcher)
+            # __torch_dispatch__ in C, bound to this mode: the common op there, every other op the body
+            # below, without torch's Dynamo-disabling wrapper unless Dynamo is active on the thread
+            # (_dispatch.c)
             self.__torch_dispatch__ = _native_dispatch.dispatcher(self)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -150,18 +153,47 @@ class _Mode(TorchDispatchMode):
 
 
 def _native_dispatcher():
-    """_feed.c's dispatcher, configured with the body of ``_Mode.__torch_dispatch__``
+    """_dispatch.c's dispatcher, configured with the body of ``_Mode.__torch_dispatch__``
     and torch's wrapper of it; None without the native parts."""
-    if native.feed is None:
+    if native.dispatch is None:
         return None
     from torch._C._dynamo.eval_frame import set_eval_frame
 
     wrapped = _Mode.__dict__["__torch_dispatch__"]  # torch's Dynamo-disabled wrapper (TorchDispatchMode)
-    native.feed.configure_dispatch(getattr(wrapped, "__wrapped__", wrapped), wrapped, set_eval_frame)
-    return native.feed
+    native.dispatch.configure(getattr(wrapped, "__wrapped__", wrapped), wrapped, set_eval_frame)
+    return native.dispatch
 
 
 _native_dispatch = _native_dispatcher()
+_OP_ACCESSES = accesses.op_accesses  # the C path's guard: a test that replaces it gets the body
+
+
+def _native_state(sanitizers: tuple) -> Optional[tuple]:
+    """What _dispatch.c needs to run the common op as the body does (its
+    layout is documented there), or None: every op to the body.  The guards
+    send ops to the body while a test runs the Python scan or walk."""
+    if len(sanitizers) != 1 or native.scan is None or native.frames is None or native.feed is None:
+        return None
+    sanitizer = sanitizers[0]
+    backend = sanitizer.backend
+    hooked = (backend,) if backend.hooks_ops else ()
+
+    def feed_held(func, plan, args, kwargs, outputs, frame, written_before):
+        return _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
+
+    guards = ((vars(accesses), "op_accesses", _OP_ACCESSES), (vars(accesses), "_native_scan", native.scan),
+              (vars(sites), "_native_frames", native.frames), (vars(native), "feed", native.feed))
+    return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
+            tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
+            on_thread, _replay_held, feed_held, accesses.written_storages, native.scan.op, accesses.plan,
+            _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer))
+
+
+def _apply_parts(sanitizer) -> tuple:
+    """What LifetimeSanitizer.apply_accesses reads, for _dispatch.c's copy of it."""
+    model, storages = sanitizer.model, sanitizer.storages
+    return (sanitizer._lock, model.has_stream, native.feed.feed, storages.live, storages.sizeless,
+            sanitizer._first_sight, model.set_size, model.access, sanitizer._findings.add, sanitizer._announce_races)
 
 
 def _resize(func, args, kwargs, sanitizers: tuple):

@@ -35,15 +35,19 @@ class _OpOnThread(threading.local):
 on_thread = _OpOnThread()
 
 
-class OpFrame:
+class _OpFrame:
     """The op being dispatched on this thread: its site, and the device
-    events it issued, held until its accesses are known."""
+    events it issued, held until its accesses are known (native:
+    _dispatch.c's OpFrame, the same slots)."""
 
     __slots__ = ("site", "held")
 
     def __init__(self, site) -> None:
         self.site = site
         self.held: list = []  # (hub, name, args)
+
+
+OpFrame = native.dispatch.OpFrame if native.dispatch is not None else _OpFrame
 
 
 class Hub:

@@ -7,6 +7,8 @@ equivalent that stays the fallback and the reference it is tested against:
   (``accesses.py``; ``StorageAccess``'s slots are then its C base's, which
   ``feed`` reads directly);
 - ``feed`` (_feed.c): an op's accesses into the model (``sanitizer.py``);
+- ``dispatch`` (_dispatch.c): the dispatch mode's ``__torch_dispatch__``,
+  which runs the common op itself (``dispatch.py``'s ``_Mode``);
 - ``storage_feed`` (_storage_feed.c): an allocation or free into the
   storage table and the model (``sanitizer.py``, ``storages.py``);
 - ``host_lock`` (_host_lock.c): the sanitizer's lock (``sanitizer.py``,
@@ -35,6 +37,7 @@ def _load(name: str):
 frames = _load("_frames")
 scan = _load("_scan")
 feed = _load("_feed")
+dispatch = _load("_dispatch")
 storage_feed = _load("_storage_feed")
 trace_hook = _load("_trace_hook")
 host_lock = _load("_host_lock")
@@ -56,7 +59,7 @@ def model_class() -> type:
 
 def in_use() -> dict:
     """Which native parts this process uses (for benchmarks and reports)."""
-    return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None,
+    return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None, "dispatch": dispatch is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
             "host_lock": host_lock is not None, "event_hook": event_hook is not None,
             "model": model_class().__module__.endswith("_native_model")}

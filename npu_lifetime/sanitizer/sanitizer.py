@@ -670,7 +670,7 @@ class LifetimeSanitizer:
         if self.on_race == "raise":
             print(text, file=sys.stderr)
             return DataRaceError(races, text)
-        warnings.warn(text, LifetimeWarning, stacklevel=5)
+        warnings.warn(text, LifetimeWarning, stacklevel=_program_level())
         return None
 
     def _warn_frees(self, new) -> None:
@@ -685,3 +685,14 @@ class LifetimeSanitizer:
                           stacklevel=2)
         except Warning:
             pass
+
+
+def _program_level() -> int:
+    """The ``stacklevel`` that makes a warning name the program's line: the
+    first frame above the caller of the caller outside this package, torch
+    and the standard library (the dispatch path to here has Python frames
+    or none, _dispatch.c); 1 where there is no such frame."""
+    frame, level = sys._getframe(2), 2  # stacklevel 1: the caller (the function that warns)
+    while frame is not None and sites.internal(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1

@@ -69,7 +69,8 @@ def _classify(filename: str) -> int:
     return _USER
 
 
-def _internal(filename: str) -> bool:
+def internal(filename: str) -> bool:
+    """Not the program's code (this package, torch, the standard library, a test runner)."""
     return _classify(filename) != _USER
 
 
