@@ -12,7 +12,7 @@
 namespace npl {
 
 bool CachingAllocator::set_capture_reuse(bool on) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     capture_reuse_ = on;
     if (!on || rt_ == nullptr) return true;
     std::string why;
@@ -20,7 +20,7 @@ bool CachingAllocator::set_capture_reuse(bool on) {
 }
 
 bool CachingAllocator::capture_reuse() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return capture_reuse_;
 }
 

@@ -116,7 +116,7 @@ void CachingAllocator::synchronize_held_events(int device) {
 }
 
 void CachingAllocator::process_events() {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (rt_ == nullptr || graph_pools_.any_capture_underway()) return;
     process_deferred();
     process_events_locked();

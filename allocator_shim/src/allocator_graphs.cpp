@@ -12,7 +12,7 @@ thread_local char* CachingAllocator::claim_ = nullptr;
 // have fired, so the capture can take them (it skips a block with events:
 // a wait would pull outside work into the graph).
 void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter, Stream stream) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (rt_ != nullptr && !id.eager() && !graph_pools_.any_capture_underway()) drop_fired_events_of_pool(device, id);
     graph_pools_.begin(device, id, std::move(filter), stream);
 }
@@ -24,7 +24,7 @@ bool CachingAllocator::real_capture_on(int device) {
 }
 
 void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (!graph_pools_.end(device, id)) {
         unknown_pool("end_allocate_to_pool", device, id);
         return;
@@ -33,7 +33,7 @@ void CachingAllocator::end_allocate_to_pool(int device, PoolId id) {
 }
 
 void CachingAllocator::release_pool(int device, PoolId id) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (!graph_pools_.known(device, id)) {
         unknown_pool("release_pool", device, id);
         return;
@@ -42,12 +42,12 @@ void CachingAllocator::release_pool(int device, PoolId id) {
 }
 
 void CachingAllocator::create_or_incref_pool(int device, PoolId id) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     graph_pools_.incref(device, id);
 }
 
 void CachingAllocator::set_pool_allocator(int device, PoolId id, SegmentSource source) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if ((source.alloc == nullptr) != (source.free == nullptr)) {
         Finding f;
         f.kind = "invalid_argument";
@@ -61,7 +61,7 @@ void CachingAllocator::set_pool_allocator(int device, PoolId id, SegmentSource s
 }
 
 void CachingAllocator::set_pool_use_on_oom(int device, PoolId id, bool on) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     graph_pools_.set_use_on_oom(device, id, on);
 }
 
@@ -69,7 +69,7 @@ void CachingAllocator::set_pool_use_on_oom(int device, PoolId id, bool on) {
 // splitting too; a block split before stays split (torch marks a pool at its
 // creation, before any allocation).
 void CachingAllocator::set_pool_no_split(int device, PoolId id) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     graph_pools_.set_no_split(device, id);
     pools_.for_each([&](Pool& p) {
         if (p.device == device && p.id == id) p.no_split = true;
@@ -77,7 +77,7 @@ void CachingAllocator::set_pool_no_split(int device, PoolId id) {
 }
 
 int CachingAllocator::pool_use_count(int device, PoolId id) const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return graph_pools_.use_count(device, id);
 }
 
@@ -92,7 +92,7 @@ void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {
 }
 
 std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id) const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     std::vector<void*> live;
     segments_.for_each_block(device, [&](const Block* b) {
         if (b->segment->pool_id == id && b->state == BlockState::live) live.push_back(b->ptr);
@@ -101,7 +101,7 @@ std::vector<void*> CachingAllocator::pool_live_allocations(int device, PoolId id
 }
 
 void* CachingAllocator::base_allocation(void* ptr, size_t* size) const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     const Segment* seg = segments_.containing(static_cast<char*>(ptr));
     if (seg == nullptr) return ptr;
     if (size != nullptr) *size = seg->size;

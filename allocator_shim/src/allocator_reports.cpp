@@ -60,7 +60,7 @@ void block_json(Json& j, const Block* b) {
 }  // namespace
 
 void CachingAllocator::stats(int device, uint64_t* out) const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     DeviceStats s;
     if (device >= 0 && static_cast<size_t>(device) < stats_.size()) s = stats_[device];
     s.derive_active();
@@ -71,17 +71,17 @@ void CachingAllocator::stats(int device, uint64_t* out) const {
 }
 
 void CachingAllocator::reset_peak(int device) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     dstats(device).reset_peaks();
 }
 
 void CachingAllocator::reset_accumulated(int device) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     dstats(device).reset_accumulated();
 }
 
 std::string CachingAllocator::snapshot_json() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     Json j;
     j.open_object().key("runtime").value(rt_ ? rt_->name : "none");
     j.key("policy").value(policy_name(policy_)).key("debug").value(quarantine_.enabled());
@@ -107,7 +107,7 @@ int32_t record_state(BlockState state) {
 }  // namespace
 
 std::vector<npl_block_record> CachingAllocator::block_records() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     std::vector<npl_block_record> out;
     segments_.for_each([&](const Segment* seg) {
         for (const Block* b = seg->first; b != nullptr; b = b->next) {
@@ -133,17 +133,17 @@ std::vector<npl_block_record> CachingAllocator::block_records() const {
 }
 
 void CachingAllocator::configure_trace(bool enabled, size_t capacity) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     trace_.configure(enabled, capacity);
 }
 
 std::string CachingAllocator::drain_trace_json() {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return trace_.drain_json();
 }
 
 void CachingAllocator::reset() {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     segments_.clear([&](Segment* seg) {
         for (Block* b = seg->first; b != nullptr;) {
             for (const StreamUse& u : b->uses) {

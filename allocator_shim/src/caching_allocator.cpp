@@ -160,7 +160,7 @@ size_t segment_size_for(size_t size, bool small) {
 }
 
 bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (!segments_.empty() && runtime != rt_) {
         *why = "the runtime can't change while the allocator holds memory";
         return false;
@@ -171,29 +171,29 @@ bool CachingAllocator::set_runtime(const Runtime* runtime, std::string* why) {
 }
 
 const Runtime* CachingAllocator::runtime() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return rt_;
 }
 
 bool CachingAllocator::holds_memory() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return !segments_.empty();
 }
 
 void CachingAllocator::set_policy(Policy p) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (p == policy_) return;
     policy_ = p;
     regate_pending();
 }
 
 Policy CachingAllocator::policy() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return policy_;
 }
 
 void CachingAllocator::init(int device_count) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     device_count_ = device_count;
 }
 
@@ -294,9 +294,17 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     // Every NULL for a positive size leaves its own reason in
     // last_oom_message() (what torch's bridge raises), never an earlier one's
     // (an exception's: internal_error, at the C boundary).
-    std::lock_guard<AllocatorLock> lock(mu_);
+    std::lock_guard<AllocatorLock> lock(mu_);  // (not Locked: unmerged_ is looked at below)
     if (rt_ == nullptr) ensure_runtime();
     size_t rounded = round_up(static_cast<size_t>(size), kRound);
+    if (unmerged_ != nullptr) {  // the cached pair: the block the last free left unmerged, if it fits
+        if (Block* b = take_unmerged(device, stream, rounded)) {
+            b->pool->stats->count(CounterId::cache_hits);
+            b->pool->stats->count(CounterId::unmerged_reuses);
+            mark_live(b, static_cast<size_t>(size));
+            return b->ptr;
+        }
+    }
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
     bool capture = graph_pools_.any_capture_underway();
     PoolId id = capture ? graph_pools_.pool_for(device, stream) : PoolId{};  // (pool_for notes the stream)
@@ -322,7 +330,7 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
 // (cudagraph trees restoring a pool checkpoint re-allocate the blocks its
 // graphs' outputs occupied, through torch, so torch knows them again).
 void CachingAllocator::claim_next(void* ptr) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (claim_ == nullptr) claims_++;
     claim_ = static_cast<char*>(ptr);
 }
@@ -603,11 +611,92 @@ NPL_HOT void CachingAllocator::absorb(Block* b, Block* n) {
     n->held.clear();
 }
 
+// ---- the cached pair --------------------------------------------------------
+//
+// The hot path is a free and an allocation of the same size on the same
+// stream: the free merges the block into its cached successor, the
+// allocation splits it off again at the same place.  So a free whose merge
+// is that simple (eager pool, plain segment, the successor cached without
+// events, the predecessor not cached) leaves the block unmerged (unmerged_),
+// counting the statistics as the merge would.  The next allocation takes it
+// back when the merged block is what its best-fit search would pick and
+// split at the block's end (counting as that split would): the state is
+// then the one merge + split leaves.  Otherwise, and before any other entry
+// point runs (Locked), the merge is done.  So nothing else ever sees the
+// block unmerged, and the outcome of every call is as without the shortcut
+// (test_shim_hot_path.py compares the two).
+
+// The merge cache_block would make of `b` (no events: not a "waiting" block), if that simple.
+NPL_HOT bool CachingAllocator::leave_unmerged(Block* b) {
+    Block* next = b->next;
+    if (next == nullptr || next->state != BlockState::cached || !next->held.empty() ||
+        (b->prev != nullptr && b->prev->state == BlockState::cached) || b->segment->expansion != nullptr ||
+        !b->pool->id.eager()) {
+        return false;
+    }
+    // next counts as an inactive split block; the merged block does if still split
+    DeviceStats& s = *b->pool->stats;
+    if (b->prev != nullptr || next->next != nullptr) {
+        s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
+    } else {
+        uncount_plain_split(b, next->size);
+    }
+    b->state = BlockState::cached;
+    unmerged_ = b;
+    return true;
+}
+
+// `b` = unmerged_, taken back for `rounded` bytes on (`device`, `stream`),
+// or nullptr after merging it (the allocation then searches as usual).
+NPL_HOT Block* CachingAllocator::take_unmerged(int device, Stream stream, size_t rounded) {
+    Block* b = unmerged_;
+    Block* next = b->next;
+    size_t merged = b->size + next->size;
+    bool same_pool = b->size == rounded && b->device == device && b->stream == stream &&
+                     b->small == (rounded <= kSmallLimit);
+    // what allocate() would do before its search: nothing (no claim, capture, deferral or pending block)
+    bool quiet = !(claims_ != 0 && claim_ != nullptr) && !graph_pools_.any_capture_underway() &&
+                 !events_.any_deferred() && events_.pending_blocks() == 0;
+    if (!same_pool || !quiet || b->pool->no_split || (!b->small && next->size <= kSmallLimit)) {  // (worth_splitting)
+        merge_unmerged();
+        return nullptr;
+    }
+    // best fit: the first cached block of at least `rounded` bytes, the merged one included
+    BlockSet& set = b->pool->blocks;
+    Block* rival = set.at_least(rounded);
+    if (rival == next) rival = set.after(next);
+    if (rival != nullptr && (rival->size != merged ? rival->size < merged : rival->ptr < b->ptr)) {
+        merge_unmerged();
+        return nullptr;
+    }
+    // as take() splits the merged block: next is the rest, in its node
+    DeviceStats& s = *b->pool->stats;
+    if (b->prev != nullptr || next->next != nullptr) {
+        s.shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(rounded));
+    } else {
+        s.grow(StatId::inactive_split, b->small, 1);
+        s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(next->size));
+    }
+    unmerged_ = nullptr;
+    return b;
+}
+
+// What cache_block would have done with unmerged_ (its statistics are counted).
+void CachingAllocator::merge_unmerged() {
+    Block* b = unmerged_;
+    unmerged_ = nullptr;
+    Block* next = b->next;
+    Segments::merge(b, next);
+    b->pool->blocks.replace(next, b, BlockSet::Order::larger);
+    recycle_block(next);
+}
+
 // ---- free and validation ---------------------------------------------------
 
 void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) {
     if (ptr == nullptr) return;  // the zero-byte allocation
     std::lock_guard<AllocatorLock> lock(mu_);
+    if (unmerged_ != nullptr) merge_unmerged();  // (a cached pair frees with none)
     Address* a = book_.find(ptr);
     Block* b = a != nullptr ? a->live : nullptr;
     if (b == nullptr) {
@@ -625,7 +714,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     trace(TraceKind::free, b, nullptr);
     if (b->uses.empty() && b->held.empty() && !quarantine_.enabled()) {  // nothing to wait for (finish_free's
         trace(TraceKind::reusable, b, nullptr);                          // outcome, without its steps)
-        cache_block(b);
+        if (!leave_unmerged(b)) cache_block(b);
         return;
     }
     if (quarantine_.enabled()) {  // a write after the free is reported with these
@@ -844,7 +933,7 @@ StreamUse& CachingAllocator::use_of(Block* b, Stream stream) {
 }
 
 int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     ensure_runtime();
     Block* b = live_block(ptr, "record_stream", stream);
     if (b == nullptr) return -1;
@@ -856,7 +945,7 @@ int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device)
 }
 
 int CachingAllocator::erase_stream(void* ptr, Stream stream) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     ensure_runtime();
     Block* b = live_block(ptr, "erase_stream", stream);
     if (b == nullptr) return -1;
@@ -868,7 +957,7 @@ int CachingAllocator::erase_stream(void* ptr, Stream stream) {
 }
 
 int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bool noted) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     ensure_runtime();
     Block* b = live_block(ptr, noted ? "note_use" : "record_use", stream);
     if (b == nullptr) return -1;

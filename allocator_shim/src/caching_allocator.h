@@ -126,6 +126,29 @@ class CachingAllocator {
     void unlock_after_fork();
 
    private:
+    // Holds mu_ for an entry point, after merging the block the last free
+    // left unmerged (unmerged_): no entry point but allocate and free (which
+    // take mu_ themselves) ever sees that block.
+    class Locked {
+       public:
+        explicit Locked(const CachingAllocator* a) : a_(const_cast<CachingAllocator*>(a)) {
+            a_->mu_.lock();
+            if (__builtin_expect(a_->unmerged_ == nullptr, 1)) return;
+            try {
+                a_->merge_unmerged();
+            } catch (...) {
+                a_->mu_.unlock();
+                throw;
+            }
+        }
+        ~Locked() { a_->mu_.unlock(); }
+        Locked(const Locked&) = delete;
+        Locked& operator=(const Locked&) = delete;
+
+       private:
+        CachingAllocator* a_;
+    };
+
     // All private members run with mu_ held.
     std::vector<std::string> invariant_violations_locked() const;
     bool ensure_runtime();
@@ -179,6 +202,10 @@ class CachingAllocator {
     void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
     void absorb(Block* b, Block* n);
+    // The cached pair's shortcut (unmerged_)
+    bool leave_unmerged(Block* b);
+    Block* take_unmerged(int device, Stream stream, size_t rounded);
+    void merge_unmerged();
     void pool_insert(Block* b);
     void pool_erase(Block* b);
     template <int Sign>
@@ -264,6 +291,11 @@ class CachingAllocator {
     std::vector<double> fractions_;  // per device, as torch's: 1 (the default) the whole device, 0 nothing
     static thread_local char* claim_;
     int claims_ = 0;  // threads with a claim pending: the allocation path reads claim_ only then
+    // A block the last free cached without merging it into its cached
+    // successor (caching_allocator.cpp, "the cached pair"): the statistics already count it
+    // merged; the next allocation takes it back if that merge's outcome
+    // would be split again right there, else it is merged first.
+    Block* unmerged_ = nullptr;
     bool expandable_ = false;
     bool expandable_warned_ = false;  // the runtime has no virtual memory: said once
     bool vm_refused_ = false;         // ... or it failed at first use: plain segments

@@ -40,12 +40,12 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 }  // namespace
 
 void CachingAllocator::set_expandable_segments(bool on) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     expandable_ = on;
 }
 
 bool CachingAllocator::expandable_segments() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return expandable_;
 }
 

@@ -45,7 +45,7 @@ const char* const kFields[4] = {"current", "peak", "allocated", "freed"};
 }  // namespace
 
 std::vector<std::string> CachingAllocator::invariant_violations() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return invariant_violations_locked();
 }
 
@@ -257,7 +257,7 @@ std::vector<std::string> CachingAllocator::invariant_violations_locked() const {
 void CachingAllocator::check_invariants(const char* op) {
     std::vector<std::string> bad;
     {
-        std::lock_guard<AllocatorLock> lock(mu_);
+        Locked lock(this);
         bad = invariant_violations_locked();
     }
     for (const std::string& what : bad) {

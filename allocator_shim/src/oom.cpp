@@ -74,7 +74,7 @@ Status CachingAllocator::segment_free(const Segment* seg, int* code) {
 }
 
 bool CachingAllocator::set_memory_fraction(double fraction, int device) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (!(fraction >= 0.0 && fraction <= 1.0) || device < 0) {
         Finding f;
         f.kind = "invalid_argument";
@@ -90,7 +90,7 @@ bool CachingAllocator::set_memory_fraction(double fraction, int device) {
 }
 
 double CachingAllocator::memory_fraction(int device) const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return device >= 0 && static_cast<size_t>(device) < fractions_.size() ? fractions_[device] : 1.0;
 }
 
@@ -252,7 +252,7 @@ bool CachingAllocator::release_segment(Segment* seg) {
 // for a graph pool's id only that pool's.  While a capture may be underway
 // only segments already free go (none do: frozen).
 void CachingAllocator::empty_cache(PoolId id, int device) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (rt_ == nullptr) return;
     if (!graph_pools_.any_capture_underway()) {
         process_deferred();

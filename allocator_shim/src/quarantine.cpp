@@ -30,7 +30,7 @@ std::vector<std::pair<size_t, size_t>> check_ranges(size_t size) {
 }  // namespace
 
 void CachingAllocator::set_debug(bool enabled, size_t quarantine_bytes) {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     if (!enabled && rt_ != nullptr) trim_quarantine(true);
     bool changed = enabled != quarantine_.enabled();
     quarantine_.configure(enabled, quarantine_bytes);
@@ -38,7 +38,7 @@ void CachingAllocator::set_debug(bool enabled, size_t quarantine_bytes) {
 }
 
 bool CachingAllocator::debug() const {
-    std::lock_guard<AllocatorLock> lock(mu_);
+    Locked lock(this);
     return quarantine_.enabled();
 }
 

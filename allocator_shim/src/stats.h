@@ -35,6 +35,7 @@
     COUNTER(num_device_alloc, "segment allocations and page maps from the runtime")            \
     COUNTER(num_device_free, "segment frees and page unmaps to the runtime")                     \
     COUNTER(cache_hits, "allocations served from the cache")                                     \
+    COUNTER(unmerged_reuses, "cache hits that took back the block the last free left unmerged")  \
     COUNTER(events_created, "runtime events created")                                            \
     COUNTER(events_recorded, "events recorded (record_use, record_stream at free, note_use)")    \
     COUNTER(stream_waits, "GPU-side waits issued when reusing a block")                          \
