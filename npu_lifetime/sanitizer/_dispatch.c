@@ -23,7 +23,8 @@
  *   4 before_op hooks, 5 inside_op hooks (tuples of callables), 6 depth (int),
  *   7 capture (_frames.capture), 8 OpFrame, 9 on_thread, 10 replay_held(frame),
  *   11 feed_held(func, plan, args, kwargs, outputs, frame, written_before) -> error or None,
- *   12 written_storages(plan, args, kwargs), 13 scan_op (_scan.op), 14 plan(func),
+ *   12 written (_scan.written: written_storages(plan, ...) from the plan's arguments), 13 scan_op (_scan.op),
+ *   14 plan(func),
  *   15 (record_stream, record_use) ops, 16 guards: ((module dict, name, expected), ...),
  *   17 stream_handle(device) -> handle or None (backend.current_stream(d) is then (d, handle)),
  *   the sanitizer's apply_accesses, inlined: 18 its lock, 19 model.has_stream, 20 _feed.feed,
@@ -374,7 +375,7 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
     if (frame == NULL) return NULL;
     PyObject *written_before = Py_NewRef(Py_None), *outputs = NULL, *held = NULL;
     if (PyTuple_GET_ITEM(entry, P_WRITES) == Py_True) {
-        PyObject *call[3] = {PyTuple_GET_ITEM(entry, P_PLAN), args, kwargs};
+        PyObject *call[3] = {PyTuple_GET_ITEM(entry, P_ARGUMENTS), args, kwargs};
         Py_SETREF(written_before, PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_WRITTEN_STORAGES), call, 3, NULL));
         if (written_before == NULL) goto done;
     }

@@ -10,6 +10,7 @@
  *   arguments(found, plan_arguments, args, tracked)   positional arguments
  *   value(found, value, is_write, name, fresh, tracked)
  *   op(...)                                           all of op_accesses once its plan is chosen (below)
+ *   written(plan_arguments, args, kwargs)             accesses.written_storages
  * found: {address: StorageAccess}, filled in argument order.
  */
 #define PY_SSIZE_T_CLEAN
@@ -413,11 +414,87 @@ fail:
     return NULL;
 }
 
+/* (t, storage address) appended to found for each tensor in value, as
+ * accesses.written_storages's (t, _address(t)) for t in _tensors(value). */
+static int written_value(PyObject *found, PyObject *value) {
+    if (is_plain_tensor(value)) {
+        uintptr_t address;
+        if (storage_address(value, &address) < 0) return -1;
+        PyObject *key = PyLong_FromVoidPtr((void *)address);
+        PyObject *pair = key == NULL ? NULL : PyTuple_Pack(2, value, key);
+        Py_XDECREF(key);
+        int failed = pair == NULL || PyList_Append(found, pair) < 0;
+        Py_XDECREF(pair);
+        return failed ? -1 : 0;
+    }
+    if (value == Py_None || PyLong_Check(value) || PyFloat_Check(value)) return 0;
+    if (PyList_Check(value) || PyTuple_Check(value)) {
+        PyObject *items = PySequence_Fast(value, "a list or tuple");
+        if (items == NULL) return -1;
+        int failed = 0;
+        for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++)
+            failed = written_value(found, PySequence_Fast_GET_ITEM(items, i));
+        Py_DECREF(items);
+        return failed;
+    }
+    PyObject *iterator = PyObject_CallOneArg(tensors_fn, value);
+    if (iterator == NULL) return -1;
+    PyObject *t;
+    int failed = 0;
+    while (!failed && (t = PyIter_Next(iterator)) != NULL) {
+        failed = written_value(found, t);
+        Py_DECREF(t);
+    }
+    Py_DECREF(iterator);
+    return failed || PyErr_Occurred() ? -1 : 0;
+}
+
+/* written(plan_arguments, args, kwargs) -> [(tensor, address)]:
+ * accesses.written_storages, before an op, for each written argument. */
+static PyObject *written(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (!ready()) return NULL;
+    if (nargs != 3 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+        (args[2] != Py_None && !PyDict_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "written(plan_arguments: tuple, args: tuple, kwargs: dict or None)");
+        return NULL;
+    }
+    PyObject *plan = args[0], *values = args[1], *kwargs = args[2];
+    PyObject *found = PyList_New(0);
+    if (found == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plan); k++) {
+        PyObject *argument = PyTuple_GET_ITEM(plan, k);
+        if (!PyTuple_Check(argument) || PyTuple_GET_SIZE(argument) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a plan argument is (position, name, mode)");
+            goto fail;
+        }
+        int mode = PyObject_IsTrue(PyTuple_GET_ITEM(argument, 2));
+        if (mode < 0) goto fail;
+        if (!mode) continue;
+        Py_ssize_t position = PyLong_AsSsize_t(PyTuple_GET_ITEM(argument, 0));
+        if (position == -1 && PyErr_Occurred()) goto fail;
+        PyObject *value = NULL; /* borrowed */
+        if (position < PyTuple_GET_SIZE(values)) {
+            value = PyTuple_GET_ITEM(values, position);
+        } else if (kwargs != Py_None) {
+            value = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(argument, 1));
+            if (value == NULL && PyErr_Occurred()) goto fail;
+        }
+        if (value != NULL && value != Py_None && written_value(found, value) < 0) goto fail;
+    }
+    return found;
+fail:
+    Py_DECREF(found);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "Sets the classes the scan makes and reads."},
     {"arguments", (PyCFunction)(void (*)(void))arguments, METH_FASTCALL, "Notes an op's positional arguments."},
     {"value", (PyCFunction)(void (*)(void))value, METH_FASTCALL, "Notes one value (argument or output)."},
     {"op", (PyCFunction)(void (*)(void))op, METH_FASTCALL, "An op's accesses (op_accesses after its plan)."},
+    {"written", (PyCFunction)(void (*)(void))written, METH_FASTCALL,
+     "The written arguments' (tensor, storage address) before an op (written_storages)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -185,6 +185,8 @@ def _outputs(count: int, outputs: Any) -> tuple:
 def written_storages(p: Plan, args: tuple, kwargs: dict) -> list:
     """Before the op runs: (tensor, storage address) of each tensor it
     writes, for ``op_accesses`` to see which of them it moved."""
+    if _native_scan is _native_module:  # the loop below in C
+        return _native_written(p.arguments, args, kwargs)
     found = []
     for i, name, mode in p.arguments:
         value = args[i] if i < len(args) else kwargs.get(name)
@@ -247,6 +249,7 @@ _native_scan = native.scan  # the scan below in C (_scan.c), or None
 # op_accesses makes one native call while _native_scan is still this module (not replaced, not None)
 _native_module = _native_scan if _native_scan is not None else object()
 _native_op = _native_scan.op if _native_scan is not None else None
+_native_written = _native_scan.written if _native_scan is not None else None
 if _native_scan is not None:
     _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value))
     if native.feed is not None:  # the feed reads StorageAccess's slots directly

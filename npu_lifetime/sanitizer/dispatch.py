@@ -185,7 +185,7 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
               (vars(sites), "_native_frames", native.frames), (vars(native), "feed", native.feed))
     return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
             tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
-            on_thread, _replay_held, feed_held, accesses.written_storages, native.scan.op, accesses.plan,
+            on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, accesses.plan,
             _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer))
 
 
