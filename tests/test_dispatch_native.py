@@ -77,10 +77,18 @@ def test_a_test_that_replaces_the_scan_gets_the_body(monkeypatch):
 
 
 def _full_reports(steps) -> list:
-    """Whole reports, with what differs between any two runs (addresses,
-    the simulated streams' numbers) taken out."""
-    return sorted(re.sub(r"sim stream \d+", "sim stream N", re.sub(r"0x[0-9a-f]+", "0x_", text))
+    """Whole reports, with what differs between any two runs taken out:
+    addresses, the simulated streams' numbers, and whether the CPU
+    allocator happened to reuse a freed storage's memory (a free's
+    "ACTUAL" or "latent" and its "why latent" lines: seen to differ
+    between two runs of one program on the GPU host)."""
+    return sorted(_same_luck(re.sub(r"sim stream \d+", "sim stream N", re.sub(r"0x[0-9a-f]+", "0x_", text)))
                   for text in run_program(steps, whole_reports=True))
+
+
+def _same_luck(report: str) -> str:
+    report = report.replace("ACTUAL: a reuse race followed", "latent")
+    return "\n".join(line for line in report.splitlines() if not line.startswith("  why latent:"))
 
 
 @settings(max_examples=40, deadline=None)
