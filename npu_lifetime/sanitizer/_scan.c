@@ -217,18 +217,21 @@ static int is_plain_tensor(PyObject *value) {
     return 0;
 }
 
-/* accesses._note_all: a value that may hold tensors.  Lists and tuples (a
- * foreach op's arguments) are walked here; anything else that is not a plain
- * tensor (a wrapper subclass) goes through accesses._tensors. */
-static int note_all(PyObject *found, PyObject *value, int is_write, PyObject *name, int fresh, PyObject *tracked) {
-    if (is_plain_tensor(value)) return note(found, value, is_write, name, fresh, tracked);
+/* Each tensor in a value, as accesses._tensors yields them: a plain tensor
+ * itself, the items of lists and tuples (a foreach op's arguments) walked
+ * here, anything else that is not a plain tensor (a wrapper subclass)
+ * through accesses._tensors; visit(t, context) for each, stopping at -1. */
+typedef int (*TensorVisit)(PyObject *t, void *context);
+
+static int each_tensor(PyObject *value, TensorVisit visit, void *context) {
+    if (is_plain_tensor(value)) return visit(value, context);
     if (value == Py_None || PyLong_Check(value) || PyFloat_Check(value)) return 0; /* bool is an int */
     if (PyList_Check(value) || PyTuple_Check(value)) {
         PyObject *items = PySequence_Fast(value, "a list or tuple"); /* the same object, referenced */
         if (items == NULL) return -1;
         int failed = 0;
         for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++)
-            failed = note_all(found, PySequence_Fast_GET_ITEM(items, i), is_write, name, fresh, tracked);
+            failed = each_tensor(PySequence_Fast_GET_ITEM(items, i), visit, context);
         Py_DECREF(items);
         return failed;
     }
@@ -237,11 +240,27 @@ static int note_all(PyObject *found, PyObject *value, int is_write, PyObject *na
     PyObject *t;
     int failed = 0;
     while (!failed && (t = PyIter_Next(iterator)) != NULL) {
-        failed = note(found, t, is_write, name, fresh, tracked);
+        failed = visit(t, context);
         Py_DECREF(t);
     }
     Py_DECREF(iterator);
     return failed || PyErr_Occurred() ? -1 : 0;
+}
+
+typedef struct {
+    PyObject *found, *name, *tracked;
+    int is_write, fresh;
+} NoteContext;
+
+static int note_one(PyObject *t, void *context) {
+    NoteContext *c = context;
+    return note(c->found, t, c->is_write, c->name, c->fresh, c->tracked);
+}
+
+/* accesses._note_all: a value that may hold tensors. */
+static int note_all(PyObject *found, PyObject *value, int is_write, PyObject *name, int fresh, PyObject *tracked) {
+    NoteContext context = {found, name, tracked, is_write, fresh};
+    return each_tensor(value, note_one, &context);
 }
 
 static int ready(void) {
@@ -414,39 +433,17 @@ fail:
     return NULL;
 }
 
-/* (t, storage address) appended to found for each tensor in value, as
- * accesses.written_storages's (t, _address(t)) for t in _tensors(value). */
-static int written_value(PyObject *found, PyObject *value) {
-    if (is_plain_tensor(value)) {
-        uintptr_t address;
-        if (storage_address(value, &address) < 0) return -1;
-        PyObject *key = PyLong_FromVoidPtr((void *)address);
-        PyObject *pair = key == NULL ? NULL : PyTuple_Pack(2, value, key);
-        Py_XDECREF(key);
-        int failed = pair == NULL || PyList_Append(found, pair) < 0;
-        Py_XDECREF(pair);
-        return failed ? -1 : 0;
-    }
-    if (value == Py_None || PyLong_Check(value) || PyFloat_Check(value)) return 0;
-    if (PyList_Check(value) || PyTuple_Check(value)) {
-        PyObject *items = PySequence_Fast(value, "a list or tuple");
-        if (items == NULL) return -1;
-        int failed = 0;
-        for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++)
-            failed = written_value(found, PySequence_Fast_GET_ITEM(items, i));
-        Py_DECREF(items);
-        return failed;
-    }
-    PyObject *iterator = PyObject_CallOneArg(tensors_fn, value);
-    if (iterator == NULL) return -1;
-    PyObject *t;
-    int failed = 0;
-    while (!failed && (t = PyIter_Next(iterator)) != NULL) {
-        failed = written_value(found, t);
-        Py_DECREF(t);
-    }
-    Py_DECREF(iterator);
-    return failed || PyErr_Occurred() ? -1 : 0;
+/* (t, storage address) appended to the list `found`, as
+ * accesses.written_storages's (t, _address(t)), for each t in _tensors(value). */
+static int written_pair(PyObject *t, void *found) {
+    uintptr_t address;
+    if (storage_address(t, &address) < 0) return -1;
+    PyObject *key = PyLong_FromVoidPtr((void *)address);
+    PyObject *pair = key == NULL ? NULL : PyTuple_Pack(2, t, key);
+    Py_XDECREF(key);
+    int failed = pair == NULL || PyList_Append(found, pair) < 0;
+    Py_XDECREF(pair);
+    return failed ? -1 : 0;
 }
 
 /* written(plan_arguments, args, kwargs) -> [(tensor, address)]:
@@ -480,7 +477,7 @@ static PyObject *written(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             value = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(argument, 1));
             if (value == NULL && PyErr_Occurred()) goto fail;
         }
-        if (value != NULL && value != Py_None && written_value(found, value) < 0) goto fail;
+        if (value != NULL && value != Py_None && each_tensor(value, written_pair, found) < 0) goto fail;
     }
     return found;
 fail:
