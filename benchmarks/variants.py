@@ -137,6 +137,17 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def _ratio_per_round(samples: dict, rounds: int, variant: str) -> list:
+    """``variant``'s overhead / CSAN's from each round's samples alone: how
+    far the host moved the figure between rounds."""
+    runs = len(samples["none"]) // rounds
+
+    def median(v: str, r: int) -> float:
+        return statistics.median(samples[v][r * runs:(r + 1) * runs])
+
+    return [(median(variant, r) - median("none", r)) / (median("csan", r) - median("none", r)) for r in range(rounds)]
+
+
 def alternate(script: str, device: str, rounds: int, child_args: list, describe: str, floor: bool = False) -> dict:
     """In the parent: runs every variant ``rounds`` times in fresh processes
     (order reversed every other round); prints the table; returns medians.
@@ -157,7 +168,9 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
     if "csan" in medians:
         csan = medians["csan"] - base
         for variant in ("lifetime", "lifetime+shim"):
-            print(f"{variant} overhead / CSAN overhead = {(medians[variant] - base) / csan:.2f}")
+            spread = ", ".join(f"{r:.2f}" for r in _ratio_per_round(samples, rounds, variant))
+            print(f"{variant} overhead / CSAN overhead = {(medians[variant] - base) / csan:.2f} "
+                  f"(each round's own medians: {spread})")
         if FLOOR in medians:
             above = medians["csan"] - medians[FLOOR]
             print(f"above the empty-mode floor ({(medians[FLOOR] - base) / ops * 1e6:.2f} us/op): "
