@@ -67,13 +67,16 @@ def test_the_body_only_fixture_sends_every_op_to_the_body(body_only):
         assert _body_calls(lambda: a + b) == 1
 
 
-def test_a_test_that_replaces_the_scan_gets_the_body(monkeypatch):
+@pytest.mark.parametrize("name", ["_native_scan", "op_accesses", "plan", "written_storages"])
+def test_a_test_that_replaces_a_part_of_the_scan_gets_the_body(monkeypatch, name):
     from npu_lifetime.sanitizer import accesses
 
     a, b = torch.ones(8), torch.ones(8)
+    real = getattr(accesses, name)
     with LifetimeSanitizer("sim", on_race="collect"):
-        monkeypatch.setattr(accesses, "_native_scan", None)
-        assert _body_calls(lambda: a + b) == 1
+        monkeypatch.setattr(accesses, name, None if real is None or name == "_native_scan" else
+                            (lambda *args, **kwargs: real(*args, **kwargs)))
+        assert _body_calls(lambda: a.add_(b)) == 1
 
 
 def _full_reports(steps) -> list:

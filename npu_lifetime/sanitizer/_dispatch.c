@@ -11,7 +11,8 @@
  *   with a training flag; the native site walk and scan in use.
  *
  * Everything else, and any op while a guard fails (a test replaced
- * accesses.op_accesses, accesses._native_scan or sites._native_frames), goes
+ * accesses.op_accesses, plan, written_storages or _native_scan,
+ * sites._native_frames or native.feed), goes
  * to the Python body, decided before the op has any effect.
  *
  *   configure(body, wrapped, set_eval_frame)   once (dispatch.py)
@@ -225,8 +226,9 @@ static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObje
         PyObject *replayed = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_REPLAY_HELD), frame);
         if (replayed == NULL) { /* raised while handling the op's error: that one becomes its context */
             PyObject *t2, *v2, *tb2;
+            PyErr_Fetch(&t2, &v2, &tb2); /* first: normalizing with an error set would lose both */
             PyErr_NormalizeException(&type, &value, &traceback);
-            PyErr_Fetch(&t2, &v2, &tb2);
+            if (value != NULL && traceback != NULL) PyException_SetTraceback(value, traceback);
             PyErr_NormalizeException(&t2, &v2, &tb2);
             if (value != NULL && v2 != NULL) PyException_SetContext(v2, Py_NewRef(value));
             Py_XDECREF(type);

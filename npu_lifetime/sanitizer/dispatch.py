@@ -165,7 +165,8 @@ def _native_dispatcher():
 
 
 _native_dispatch = _native_dispatcher()
-_OP_ACCESSES = accesses.op_accesses  # the C path's guard: a test that replaces it gets the body
+# the C path's guards: a test that replaces one of these gets the body
+_OP_ACCESSES, _PLAN, _WRITTEN_STORAGES = accesses.op_accesses, accesses.plan, accesses.written_storages
 
 
 def _native_state(sanitizers: tuple) -> Optional[tuple]:
@@ -182,10 +183,11 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
         return _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
 
     guards = ((vars(accesses), "op_accesses", _OP_ACCESSES), (vars(accesses), "_native_scan", native.scan),
+              (vars(accesses), "plan", _PLAN), (vars(accesses), "written_storages", _WRITTEN_STORAGES),
               (vars(sites), "_native_frames", native.frames), (vars(native), "feed", native.feed))
     return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
             tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
-            on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, accesses.plan,
+            on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, _PLAN,
             _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer))
 
 
