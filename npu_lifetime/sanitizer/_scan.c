@@ -284,6 +284,19 @@ static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* One (position, name, mode) of a plan's arguments: 0, or -1 with a TypeError. */
+static int plan_argument(PyObject *argument, Py_ssize_t *position, PyObject **name, int *mode) {
+    if (!PyTuple_Check(argument) || PyTuple_GET_SIZE(argument) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a plan argument is (position, name, mode)");
+        return -1;
+    }
+    *position = PyLong_AsSsize_t(PyTuple_GET_ITEM(argument, 0));
+    if (*position == -1 && PyErr_Occurred()) return -1;
+    *name = PyTuple_GET_ITEM(argument, 1);
+    *mode = PyObject_IsTrue(PyTuple_GET_ITEM(argument, 2));
+    return *mode < 0 ? -1 : 0;
+}
+
 /* arguments(found, plan_arguments, args, tracked): each (position, name, mode)
  * of the plan whose position is among args. */
 static PyObject *arguments(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -296,18 +309,12 @@ static PyObject *arguments(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *found = args[0], *plan = args[1], *values = args[2], *tracked = args[3];
     Py_ssize_t count = PyTuple_GET_SIZE(values);
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plan); k++) {
-        PyObject *argument = PyTuple_GET_ITEM(plan, k);
-        if (!PyTuple_Check(argument) || PyTuple_GET_SIZE(argument) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a plan argument is (position, name, mode)");
-            return NULL;
-        }
-        Py_ssize_t position = PyLong_AsSsize_t(PyTuple_GET_ITEM(argument, 0));
-        if (position == -1 && PyErr_Occurred()) return NULL;
+        Py_ssize_t position;
+        PyObject *name;
+        int mode;
+        if (plan_argument(PyTuple_GET_ITEM(plan, k), &position, &name, &mode) < 0) return NULL;
         if (position >= count) continue;
-        int mode = PyObject_IsTrue(PyTuple_GET_ITEM(argument, 2));
-        if (mode < 0 || note_all(found, PyTuple_GET_ITEM(values, position), mode, PyTuple_GET_ITEM(argument, 1), 0,
-                                 tracked) < 0)
-            return NULL;
+        if (note_all(found, PyTuple_GET_ITEM(values, position), mode, name, 0, tracked) < 0) return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -460,21 +467,16 @@ static PyObject *written(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *found = PyList_New(0);
     if (found == NULL) return NULL;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plan); k++) {
-        PyObject *argument = PyTuple_GET_ITEM(plan, k);
-        if (!PyTuple_Check(argument) || PyTuple_GET_SIZE(argument) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a plan argument is (position, name, mode)");
-            goto fail;
-        }
-        int mode = PyObject_IsTrue(PyTuple_GET_ITEM(argument, 2));
-        if (mode < 0) goto fail;
+        Py_ssize_t position;
+        PyObject *name;
+        int mode;
+        if (plan_argument(PyTuple_GET_ITEM(plan, k), &position, &name, &mode) < 0) goto fail;
         if (!mode) continue;
-        Py_ssize_t position = PyLong_AsSsize_t(PyTuple_GET_ITEM(argument, 0));
-        if (position == -1 && PyErr_Occurred()) goto fail;
         PyObject *value = NULL; /* borrowed */
         if (position < PyTuple_GET_SIZE(values)) {
             value = PyTuple_GET_ITEM(values, position);
         } else if (kwargs != Py_None) {
-            value = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(argument, 1));
+            value = PyDict_GetItemWithError(kwargs, name);
             if (value == NULL && PyErr_Occurred()) goto fail;
         }
         if (value != NULL && value != Py_None && each_tensor(value, written_pair, found) < 0) goto fail;
