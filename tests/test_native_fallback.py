@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import wait_for
+from fallback_doubles import DeviceAPIDouble
 from npu_lifetime.recording import _holds_py, native_fallback
 from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
 
@@ -58,16 +59,12 @@ class FakeEvent:
         self.stream.done = max(self.stream.done, self.mark)
 
 
-class FakeAPI:
+class FakeAPI(DeviceAPIDouble):
     def __init__(self) -> None:
-        self.capturing = False  # the calling thread's current stream captures
+        super().__init__()
         self.capture_underway = False  # a capture elsewhere in the process (FakeGraph)
         self.violations = []  # queries made while a capture was underway
         self.queries = 0
-        self.recorded_streams = []  # (tensor storage address, stream handle) passed to record_stream
-        self.segment_list = []
-        self.version = (0, 0)
-        self.oom_observers = []
 
     def query(self, event: FakeEvent) -> bool:
         if self.capturing or self.capture_underway or getattr(event.stream, "capturing", False):
@@ -80,31 +77,8 @@ class FakeAPI:
     def stream_capturing(stream) -> bool:
         return getattr(stream, "capturing", False)
 
-    def attach_oom_observer(self, observer) -> None:
-        self.oom_observers.append(observer)
-
     def new_event(self):
         return FakeEvent()
-
-    @staticmethod
-    def handle(stream) -> int:
-        return stream.handle
-
-    @staticmethod
-    def device_index(stream) -> int:
-        return stream.device_index
-
-    def is_capturing(self) -> bool:
-        return self.capturing
-
-    def record_stream(self, tensor, stream) -> None:
-        self.recorded_streams.append((tensor.untyped_storage().data_ptr(), stream.handle))
-
-    def segments(self) -> list:
-        return self.segment_list
-
-    def segment_version(self, device: int):
-        return self.version
 
 
 def segment_of(t: torch.Tensor, stream: FakeStream) -> dict:

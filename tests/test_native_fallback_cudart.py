@@ -19,6 +19,7 @@ import fake_cudart
 from fake_cudart import (CREATED, DESTROYED, FAIL_CREATE, FAIL_QUERY, FAIL_RECORD, INVALID_HANDLE, QUERIES,
                          RECORDS, SET_DEVICE, SYNCS, VIOLATIONS)
 from conftest import wait_for
+from fallback_doubles import DeviceAPIDouble
 from npu_lifetime.recording import _holds_py, native_fallback
 from npu_lifetime.recording.native_fallback import CaptureGate, CudaAPI, NativeFallback, NpuAPI
 
@@ -41,16 +42,13 @@ class RawStream:
         FAKE.stream_device(handle, device)
 
 
-class RawAPI:
+class RawAPI(DeviceAPIDouble):
     """A device API whose events go through the fake runtime: its Python
     event callables must never be called."""
 
     def __init__(self) -> None:
-        self.capturing = False  # the calling thread's current stream captures
+        super().__init__()
         self.is_capturing_calls = 0
-        self.recorded_streams = []  # (storage address, stream handle) passed to record_stream
-        self.segment_list, self.version = [], (0, 0)
-        self.oom_observers = []
 
     @staticmethod
     def runtime():
@@ -65,29 +63,9 @@ class RawAPI:
     def record_event(self, event, stream):
         raise AssertionError("a Python record with a runtime")
 
-    @staticmethod
-    def handle(stream) -> int:
-        return stream.handle
-
-    @staticmethod
-    def device_index(stream) -> int:
-        return stream.device_index
-
     def is_capturing(self) -> bool:
         self.is_capturing_calls += 1
-        return self.capturing
-
-    def record_stream(self, tensor, stream) -> None:
-        self.recorded_streams.append((tensor.untyped_storage().data_ptr(), stream.handle))
-
-    def attach_oom_observer(self, observer) -> None:
-        self.oom_observers.append(observer)
-
-    def segments(self) -> list:
-        return self.segment_list
-
-    def segment_version(self, device: int):
-        return self.version
+        return super().is_capturing()
 
 
 @pytest.fixture
