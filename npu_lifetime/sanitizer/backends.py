@@ -167,8 +167,6 @@ def _blocks_from_snapshot(segments, stream_field: str = "stream") -> dict:
 
 class CudaBackend(_TraceBackend):
     device_type = "cuda"
-    # tensor.device.type == "cuda", as a C call: the scan asks it of every tensor of every op
-    tracks = staticmethod(operator.attrgetter("is_cuda"))
     # the current stream's handle on a device, a C call (_dispatch.c makes current_stream's key with it)
     stream_handle = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", None))
 
@@ -203,7 +201,7 @@ class CudaBackend(_TraceBackend):
         return torch._C._cuda_getDevice()  # torch.cuda.current_device() without its Python layers
 
     def _raw_stream_calls(self) -> tuple:
-        return torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
+        return torch._C._cuda_getDevice, self.stream_handle
 
     def current_stream(self, device_index: int) -> tuple:
         return (device_index, self.stream_handle(device_index))
@@ -323,7 +321,6 @@ class SimBackend(Backend):
     input existed before tracking, on the default stream."""
 
     device_type = "cpu"
-    tracks = staticmethod(operator.attrgetter("is_cpu"))  # as CudaBackend's
     allocations_by_first_sight = True
     hooks_ops = True
 
