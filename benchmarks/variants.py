@@ -76,13 +76,36 @@ def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repea
     installed = setup_variant(variant, device)
     warm_up()
     times, ops = [], 0
+    sampler = _native_sampler()
+    sampler.npl_sampler_start()
     for _ in range(repeats):
         t0 = time.perf_counter()
         ops = run()
         times.append(time.perf_counter() - t0)
+    sampler.npl_sampler_stop()
     _profile_once(run)
     finish_variant(installed)
     print(json.dumps({"times": times, "ops": ops}))
+
+
+class _NoSampler:
+    def npl_sampler_start(self) -> None:
+        pass
+
+    npl_sampler_stop = npl_sampler_start
+
+
+def _native_sampler():
+    """benchmarks/profile/sampler.c when it is preloaded with SAMPLER_MANUAL=1
+    (it then samples the timed runs only), else a stand-in doing nothing."""
+    if os.environ.get("SAMPLER_MANUAL") != "1":
+        return _NoSampler()
+    import ctypes
+
+    process = ctypes.CDLL(None)
+    if not hasattr(process, "npl_sampler_start"):
+        raise RuntimeError("SAMPLER_MANUAL=1 but benchmarks/profile/sampler.c is not preloaded (LD_PRELOAD)")
+    return process
 
 
 def _profile_once(run: Callable) -> None:
