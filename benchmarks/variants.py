@@ -148,8 +148,20 @@ def run_rounds(script: str, variants: tuple, rounds: int, child_args: list) -> t
                 raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
             last[variant] = json.loads(done.stdout.strip().splitlines()[-1])
             samples[variant] += last[variant]["times"]
-        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+        print(f"round {r + 1}/{rounds} done: {_round_summary(last, variants)}", file=sys.stderr)
     return samples, last
+
+
+def _round_summary(last: dict, variants: tuple) -> str:
+    """This round's medians in us/op (and the overheads / CSAN's), so that a
+    run cut short still leaves its finished rounds' figures."""
+    per_op = {v: statistics.median(last[v]["times"]) / last[v]["ops"] * 1e6 for v in variants}
+    text = ", ".join(f"{v} {per_op[v]:.2f}" for v in variants) + " us/op"
+    if "csan" in per_op and per_op["csan"] > per_op["none"]:
+        csan = per_op["csan"] - per_op["none"]
+        text += "; overhead / CSAN's: " + ", ".join(
+            f"{v} {(per_op[v] - per_op['none']) / csan:.2f}" for v in ("lifetime", "lifetime+shim") if v in per_op)
+    return text
 
 
 def at_least_one(text: str) -> int:

@@ -37,3 +37,21 @@ def test_sanitizer_benchmark_asked_for_cuda_without_one_is_a_clear_error(capsys)
 def test_the_model_benchmark_explains_its_columns(capsys):
     assert main(["bench", "model", "--rounds", "200", "--repeats", "1"]) == 0
     assert "columns: microseconds spent in the model per event" in capsys.readouterr().out
+
+
+def test_each_round_reports_its_own_figures_so_a_cut_run_leaves_them():
+    """A benchmark cut by its time limit on the GPU host left only 'round 1/2
+    done'; each round now prints its medians and overheads / CSAN's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from variants import _round_summary
+
+    last = {"none": {"times": [0.010, 0.012, 0.011], "ops": 1000},
+            "csan": {"times": [0.110], "ops": 1000},
+            "lifetime": {"times": [0.030, 0.031], "ops": 1000},
+            "lifetime+shim": {"times": [0.021], "ops": 1000}}
+    text = _round_summary(last, ("none", "csan", "lifetime", "lifetime+shim"))
+    assert "none 11.00" in text and "csan 110.00" in text
+    assert "lifetime 0.20" in text and "lifetime+shim 0.10" in text  # (30.5-11)/99 rounds to 0.20; (21-11)/99 to 0.10
