@@ -52,13 +52,17 @@ static void on_tick(int sig, siginfo_t *info, void *context) {
         atomic_fetch_add(&dropped, 1);
         return;
     }
+#if defined(__x86_64__)
     leaves[slot] = (void *)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP];
+#else
+    (void)context; /* the leaf is kept only where the context's layout is known */
+#endif
     depths[slot] = backtrace(stacks[slot], MAX_DEPTH);
 }
 
 static void arm(long us) {
     struct itimerval every = {{0, us}, {0, us}};
-    setitimer(ITIMER_PROF, &every, NULL);
+    if (setitimer(ITIMER_PROF, &every, NULL) != 0) perror("sampler: setitimer");
 }
 
 void npl_sampler_start(void) {
@@ -117,8 +121,11 @@ __attribute__((destructor)) static void stop(void) {
         /* frame 0 is on_tick itself, 1 the signal trampoline: the interrupted code starts at 2 */
         /* unwinding through the signal frame can fail: then the stack is the leaf alone */
         if (depths[s] <= 2) {
-            fputs("[unwound no further];", out);
-            write_frame(out, (char *)leaves[s] + 1);
+            fputs("[unwound no further]", out);
+            if (leaves[s] != NULL) {
+                fputc(';', out);
+                write_frame(out, (char *)leaves[s] + 1);
+            }
         }
         for (int f = depths[s] - 1; f >= 2; f--) {
             write_frame(out, stacks[s][f]);

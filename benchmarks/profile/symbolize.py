@@ -56,6 +56,9 @@ def _names(stacks: list) -> dict:
     for frames, _ in stacks:
         for frame in frames:
             lib, offset, symbol = _split(frame)
+            if "@" not in frame:  # a marker the sampler wrote, such as "[unwound no further]"
+                names[frame] = frame
+                continue
             names[frame] = located.get((lib, offset)) or demangled.get(symbol) or f"{Path(lib).name}+{offset}"
     return names
 
