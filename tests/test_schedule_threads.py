@@ -112,3 +112,36 @@ def test_generated_thread_steps_shrink_to_the_few_they_need():
 def _frees_on_another_thread(schedule) -> bool:
     pairs = zip(schedule.steps, schedule.steps[1:], strict=False)
     return any(isinstance(a, Switch) and a.thread and isinstance(b, Free) for a, b in pairs)
+
+
+
+def test_a_free_on_one_thread_queues_nothing_for_another_threads_free():
+    # thread 0 syncs U, then frees another block of A; thread 1 then frees x.
+    # A free issues nothing on its stream, so thread 0's free must not order
+    # A (and with it thread 1's free) after the sync: thread 1 never learnt of
+    # it, and the read can still run after x's reuse.  The simulated device
+    # used to queue thread 0's free on A behind its host wait.  Found by
+    # `npu-lifetime fuzz --execute` at 200k schedules (seed 1).
+    steps = (*USED, Alloc(1, A, 32, 16), SyncStream(U), Free(1), Switch(1), Free(0))
+    assert uncovered(steps) == [("uncovered_free", 9, 0, U, READ)]
+    assert corrupts(steps) and executor_violation(Schedule(3, 2, steps)) is None
+
+
+def test_work_issued_after_a_sync_does_order_its_stream():
+    # unlike a free, a write thread 0 issues on A after its sync runs after
+    # the read, and so does whatever A runs later, thread 1's free included
+    steps = (*USED, Alloc(1, A, 32, 16), SyncStream(U), Write(1, A), Switch(1), Free(0))
+    assert uncovered(steps) == [] and not corrupts(steps)
+
+
+def test_the_fuzzers_schedule_with_the_sync_inside_the_op():
+    schedule = Schedule(streams=2, events=0, steps=(
+        Alloc(tensor=0, stream=0, address=0, size=16),
+        Spawn(thread=1),
+        Alloc(tensor=1, stream=0, address=16, size=16),
+        Op(stream=1, reads=(1,), writes=(), before=(), after=(SyncStream(stream=1),)),
+        Free(tensor=0),
+        Switch(thread=1),
+        Free(tensor=1),
+    ), devices=1)
+    assert executor_violation(schedule, 24819) is None

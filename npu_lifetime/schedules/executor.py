@@ -257,8 +257,16 @@ class _Host:
             return
         b.freed = True
         d = self.d
-        held = [self.record(b.stream), *b.use_tokens]  # the records are behind the free's host waits
-        held += [self.record(r) for r, on in b.recorded.items() if on and r != b.stream]
+        # A free queues nothing on a stream: the allocator notes where each
+        # stream has reached (its allocation stream, record_stream's streams)
+        # and hands the block on once those points have run and the freeing
+        # thread's host waits are over (a new owner comes later still).  Queued
+        # as a record behind this thread's gates, the mark would also have
+        # ordered later work of other threads on that stream after this
+        # thread's host waits, work the program never ordered.
+        marks = [self.reached(b.stream)]
+        marks += [self.reached(r) for r, on in b.recorded.items() if on and r != b.stream]
+        held = [*marks, *sorted(self.gates[self.thread]), *b.use_tokens]
         reuse = _Op("reuse", storage=b.storage, cells=b.cells, token=d.token())
         d.queues.append(deque([*(_Op("wait", token=t) for t in held), reuse]))
         for cell in b.cells:
