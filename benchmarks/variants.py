@@ -158,10 +158,15 @@ def _round_summary(last: dict, variants: tuple) -> str:
     per_op = {v: statistics.median(last[v]["times"]) / last[v]["ops"] * 1e6 for v in variants}
     text = ", ".join(f"{v} {per_op[v]:.2f}" for v in variants) + " us/op"
     if "csan" in per_op and per_op["csan"] > per_op["none"]:
-        csan = per_op["csan"] - per_op["none"]
         text += "; overhead / CSAN's: " + ", ".join(
-            f"{v} {(per_op[v] - per_op['none']) / csan:.2f}" for v in ("lifetime", "lifetime+shim") if v in per_op)
+            f"{v} {overhead_ratio(per_op, v):.2f}" for v in ("lifetime", "lifetime+shim") if v in per_op)
     return text
+
+
+def overhead_ratio(medians: dict, variant: str, base: str = "none") -> float:
+    """What ``variant`` adds to ``base`` over what CSAN adds to it: the
+    benchmarks' figure (any unit, as long as ``medians`` share it)."""
+    return (medians[variant] - medians[base]) / (medians["csan"] - medians[base])
 
 
 def at_least_one(text: str) -> int:
@@ -177,10 +182,10 @@ def _ratio_per_round(samples: dict, rounds: int, variant: str) -> list:
     far the host moved the figure between rounds."""
     runs = len(samples["none"]) // rounds
 
-    def median(v: str, r: int) -> float:
-        return statistics.median(samples[v][r * runs:(r + 1) * runs])
+    def medians(r: int) -> dict:
+        return {v: statistics.median(samples[v][r * runs:(r + 1) * runs]) for v in ("none", "csan", variant)}
 
-    return [(median(variant, r) - median("none", r)) / (median("csan", r) - median("none", r)) for r in range(rounds)]
+    return [overhead_ratio(medians(r), variant) for r in range(rounds)]
 
 
 def alternate(script: str, device: str, rounds: int, child_args: list, describe: str, floor: bool = False) -> dict:
@@ -201,15 +206,13 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
         m = medians[variant]
         print(f"{variant:<15} {m * 1e3:>9.2f} {m / ops * 1e6:>8.2f} {m / base:>8.2f}")
     if "csan" in medians:
-        csan = medians["csan"] - base
         for variant in ("lifetime", "lifetime+shim"):
             spread = ", ".join(f"{r:.2f}" for r in _ratio_per_round(samples, rounds, variant))
-            print(f"{variant} overhead / CSAN overhead = {(medians[variant] - base) / csan:.2f} "
+            print(f"{variant} overhead / CSAN overhead = {overhead_ratio(medians, variant):.2f} "
                   f"(each round's own medians: {spread})")
         if FLOOR in medians:
-            above = medians["csan"] - medians[FLOOR]
             print(f"above the empty-mode floor ({(medians[FLOOR] - base) / ops * 1e6:.2f} us/op): "
-                  + ", ".join(f"{v} / CSAN = {(medians[v] - medians[FLOOR]) / above:.2f}"
+                  + ", ".join(f"{v} / CSAN = {overhead_ratio(medians, v, base=FLOOR):.2f}"
                               for v in ("lifetime", "lifetime+shim")))
     else:
         print(f"lifetime overhead per op: {(medians['lifetime'] - base) / ops * 1e6:.2f} us "

@@ -22,6 +22,8 @@ import argparse
 import collections
 from pathlib import Path
 
+from symbolize import read_stacks  # this script's folder is on the path when it runs
+
 RULES = (
     ("storage feed (allocations, frees)", ("_storage_feed", "_hook_relay")),
     ("device-event hook", ("_event_hook", "_host_lock")),
@@ -54,11 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     for path in args.stacks:
         tally, total = collections.Counter(), 0
-        for line in path.read_text().splitlines():
-            frames, _, count = line.rpartition(" ")
-            if frames:
-                tally[category(frames.split(";"), args.op_call)] += int(count)
-                total += int(count)
+        for frames, count in read_stacks(path):
+            tally[category(frames, args.op_call)] += count
+            total += count
         print(f"{path}: {total} samples")
         for name, count in tally.most_common():
             print(f"  {count:6d}  {100 * count / total:5.1f}%  {name}")

@@ -18,7 +18,9 @@ import collections
 import subprocess
 from pathlib import Path
 
-def _read(path: Path) -> list:
+
+def read_stacks(path: Path) -> list:
+    """sampler.c's file as (frames, count) pairs, root first."""
     stacks = []
     for line in path.read_text().splitlines():
         frames, _, count = line.rpartition(" ")
@@ -76,7 +78,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--within", default=None)
     args = parser.parse_args()
-    stacks = _read(args.stacks)
+    stacks = read_stacks(args.stacks)
     names = _names(stacks)
     inclusive, own, total = collections.Counter(), collections.Counter(), 0
     for frames, count in stacks:
