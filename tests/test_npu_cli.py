@@ -19,6 +19,11 @@ def test_check_fails_a_missing_hand_off_on_npu():
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert "uncovered free" in done.stdout and "(npu:0)" in done.stdout
     assert "script_missing_handoff.py:" in done.stdout  # the sites are the script's lines
+    # torch_npu fires a creation for each of its pool's streams at the first
+    # Stream(), the default stream among them: all were named `side`, and a
+    # fix read `side.wait_stream(side)`
+    assert "(`side`)" not in done.stdout and "side.wait_stream" not in done.stdout, done.stdout
+    assert "torch.npu.default_stream(0).wait_stream(<stream 0x" in done.stdout, done.stdout
 
 
 def test_check_passes_the_record_use_hand_off_on_npu():

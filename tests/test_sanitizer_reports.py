@@ -4,8 +4,10 @@ reasons and free sites that are true; groups that say how many storages
 they hold."""
 import json
 import textwrap
+import types
 
 from npu_lifetime.cli import main
+from npu_lifetime.sanitizer.naming import Names, stream_names
 
 HANDOFF = """
 import torch
@@ -151,3 +153,109 @@ def test_a_group_of_races_over_several_storages_counts_and_names_them(tmp_path, 
     code, text, [race] = check(tmp_path, write(tmp_path, body), capsys)
     assert code == 1 and race["count"] == 10 and race["distinct_storages"] == 10
     assert "on 10 distinct storages: `chunk` (storage" in text and "and 6 more" in text, text
+
+
+LIBRARY_STREAM = """
+    import torch
+    import npu_lifetime
+    from npu_lifetime import simdevice as sd
+
+    {make}
+    weights = torch.ones(32)
+    side.wait_stream(sd.default_stream())
+    with sd.stream(side):
+        doubled = weights * 2
+    del weights
+"""
+
+
+def test_a_stream_made_inside_a_call_is_not_named_after_what_the_call_returns(tmp_path, capsys):
+    # FSDP2 creates its streams lazily inside the first forward: the stream
+    # was named `loss` after `loss = net(x)...`, and the fix read
+    # `loss.wait_stream(...)`.  Here the statement builds a dict.
+    make = 'holder = dict(side=sd.Stream()); side = holder["side"]'
+    code, text, _ = check(tmp_path, write(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
+    assert code == 1
+    assert "holder" not in text, text
+    assert "<sim stream" in text and "(<...>: that stream object" in text, text
+
+
+def test_streams_a_statement_constructs_are_named_in_order(tmp_path, capsys):
+    make = "other, side = sd.Stream(), sd.Stream()"
+    code, text, _ = check(tmp_path, write(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
+    assert code == 1 and "(`side`)" in text and "npu_lifetime.record_use(weights, side)" in text, text
+
+
+def test_stream_names_only_for_constructor_calls(tmp_path):
+    def names(line):
+        path = tmp_path / f"line{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(line + "\n")
+        return stream_names(types.SimpleNamespace(user_frames=lambda: [(str(path), 1, "f")]))
+
+    assert names("side = torch.cuda.Stream(priority=-1)") == ("side",)
+    assert names("s: torch.cuda.Stream = torch.cuda.Stream()") == ("s",)
+    assert names("self.side = torch.cuda.ExternalStream(ptr)") == ("self.side",)
+    assert names("with torch.cuda.Stream() as s:") == ("s",)
+    assert names("a, b = torch.Stream('cuda'), torch.cuda.Stream()") == ("a", "b")
+    assert names("loss = net(x).pow(2).mean()") == ()
+    assert names("streams = [torch.cuda.Stream() for _ in range(3)]") == ()
+    assert names("with torch.cuda.stream(torch.cuda.Stream()) as ctx:") == ()  # ctx is the context, not a stream
+    assert names("side = torch.cuda.Stream(") == ()  # a statement over several lines: not guessed
+
+
+def test_storages_at_one_address_in_turn_are_named_once_with_their_count():
+    # FSDP2's report listed "on 3 distinct storages: storage 0x4a26e40c00 ...;
+    # storage 0x4a26e40c00 ...; storage 0x4a26e40c00 ..." (the allocator
+    # handing one block out again)
+    from npu_lifetime.sanitizer.report import _storages
+    from npu_lifetime.sanitizer.reporting import GroupInfo
+
+    def finding(address):
+        return types.SimpleNamespace(address=address, alloc_site=None)
+
+    sample = (finding(0xA00), finding(0xB00), finding(0xA00), finding(0xA00))
+    [line] = _storages(GroupInfo(count=9, actual=False, reasons=(), storages=sample, distinct=6),
+                       lambda key: str(key), lambda f: f.alloc_site)
+    assert line == ("  on 6 distinct storages: storage 0xa00 allocated at <no stack> (3 storages in turn at this "
+                    "address); storage 0xb00 allocated at <no stack>; and 2 more"), line
+
+
+def test_an_intermediate_is_not_named_after_the_statements_result(tmp_path, capsys):
+    # FSDP2's all-gather buffer, allocated inside `loss = net(x).pow(2).mean()`,
+    # was reported as `loss` and the fix read `npu_lifetime.record_use(loss, ...)`.
+    # Here `weights * 2` is an intermediate of the line that assigns `total`.
+    body = """
+        import torch
+        from npu_lifetime import simdevice as sd
+
+        side = sd.Stream()
+        def on_side(t):
+            side.wait_stream(sd.default_stream())
+            with sd.stream(side):
+                return t.sum()
+        weights = torch.ones(32)
+        total = on_side(weights * 2)
+    """
+    code, text, _ = check(tmp_path, write(tmp_path, body), capsys)
+    assert code == 1
+    assert "total" not in text and "(x: the tensor allocated at prog.py:11)" in text, text
+    assert "npu_lifetime.record_use(x, side)" in text, text
+
+
+def test_a_one_op_statement_names_its_tensor(tmp_path):
+    sites = []
+
+    def site(line, library=()):
+        path = tmp_path / f"line{len(sites)}.py"
+        path.write_text(line + "\n")
+        sites.append(types.SimpleNamespace(user_frames=lambda: [(str(path), 1, "f")], library=library))
+        return sites[-1]
+
+    names = Names(backend=None)
+    assert names.tensor(site("y = x * 2")) == ("y", True)
+    assert names.tensor(site("w = torch.full((2,), -1.0, device=dev)")) == ("w", True)
+    assert names.tensor(site("y = F.relu(x)", library=[("functional.py", 1)])) == ("y", True)
+    assert names.tensor(site("y = a * b + c")) == ("x", False)  # a * b is an intermediate
+    assert names.tensor(site("loss = net(x).pow(2).mean()")) == ("x", False)
+    assert names.tensor(site("out = net(x)", library=[("a.py", 1), ("b.py", 2)])) == ("x", False)  # a library's buffer
+    assert names.tensor(site("a, b = x.chunk(2)")) == ("x", False)

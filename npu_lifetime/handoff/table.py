@@ -248,6 +248,16 @@ def fsdp2_reports(allocator: str = "shim", timeout: float = 900) -> list:
         return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
+def _kinds_counted(groups: dict) -> str:
+    """``{"uncovered_free: <where>": n, ...}`` -> ``uncovered_free x8``: one
+    count per kind, over its groups."""
+    kinds: dict = {}
+    for label, n in groups.items():
+        kind = label.split(":")[0]
+        kinds[kind] = kinds.get(kind, 0) + n
+    return ", ".join(f"{kind} x{n}" for kind, n in kinds.items())
+
+
 def format_fsdp2_table(reports: list) -> str:
     from ..fsdp2 import MODES, RECIPE
 
@@ -263,8 +273,7 @@ def format_fsdp2_table(reports: list) -> str:
         step = t.get("step_ms_median")
         ratio = f"{step / base['step_ms_median']:6.3f}" if step and base.get("step_ms_median") else f"{'-':>6}"
         found = s.get("findings", {}).get("unexpected")
-        san = ("not run" if found is None else "-" if not found else
-               ", ".join(f"{k.split(':')[0]} x{v}" for k, v in found.items()))
+        san = "not run" if found is None else _kinds_counted(found) or "-"
         press = "not run" if not p else ("CORRUPTED" if p["corrupted"] else "intact")
         step_text = f"{step:8.2f}" if step else f"{'-':>8}"
         lines.append(f"{mode:<42} {same:>7} {peak} {step_text} {ratio} {san:<28} {press}")

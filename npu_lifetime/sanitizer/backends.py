@@ -31,6 +31,9 @@ class Backend:
     allocations_by_first_sight = False  # no allocator callbacks: see new storages in outputs
     hooks_ops = False  # before_op / inside_op do something (else the dispatch mode skips them)
     stream_handle = None  # or h(device) -> handle with current_stream(device) == (device, h(device))
+    # each stream-creation event is one constructor call of the program's, so
+    # the line that made it names it (see naming.Names.note_stream)
+    creation_is_a_constructor_call = True
 
     def __init__(self) -> None:
         self.hub = Hub()
@@ -249,6 +252,10 @@ class NpuBackend(_TraceBackend):
     taken without draining the task queue where the NPU bridge is loaded."""
 
     device_type = "npu"
+    # torch_npu fires a creation for every stream of its pool at the first
+    # Stream() (34 on one device, the default stream among them) and none at
+    # later ones: a creation's line says nothing of which stream it returned
+    creation_is_a_constructor_call = False
 
     def check_available(self) -> None:
         try:

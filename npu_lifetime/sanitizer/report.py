@@ -49,14 +49,20 @@ _NAMED = 4  # distinct storages named in a group's report
 
 
 def _storages(info: GroupInfo, name, site_of) -> list:
-    """A group over several storages says how many, and names them (bounded)."""
+    """A group over several storages says how many, and names them
+    (bounded).  Storages that read the same (an allocator handing one
+    address out again, allocated by the same line) are named once, with
+    how many of the sample they are."""
     if info.distinct <= 1:
         return []
-    shown = []
-    for f in info.storages[:_NAMED]:
+    texts: dict = {}  # text -> storages of the sample it names, in first-seen order
+    for f in info.storages:
         site = site_of(f)
-        shown.append(_storage(f, name, site) + f" allocated at {naming.where(site)}")
-    more = info.distinct - len(shown)
+        text = _storage(f, name, site) + f" allocated at {naming.where(site)}"
+        texts[text] = texts.get(text, 0) + 1
+    shown = [text + (f" ({n} storages in turn at this address)" if n > 1 else "")
+             for text, n in list(texts.items())[:_NAMED]]
+    more = info.distinct - sum(list(texts.values())[:_NAMED])
     return [f"  on {info.distinct} distinct storages: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")]
 
 
@@ -82,7 +88,7 @@ def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
     if not known:
         lines.append(f"    ({tensor}: {name.tensor_prose(f.alloc_site)})")
     if u.startswith("<") or a.startswith("<"):
-        lines.append("    (<...>: that stream object; the sanitizer did not see its creation)")
+        lines.append("    (<...>: that stream object; no line of the program that made it was seen)")
     return lines
 
 
@@ -129,7 +135,7 @@ def _race_fix(f: DataRace, name) -> list:
              f"    (or an event recorded on {waitee} after the {prior.verb} and waited on by {waiter}; "
              "record_stream/record_use do not order accesses)"]
     if waiter.startswith("<") or waitee.startswith("<"):
-        lines.append("    (<...>: that stream object; the sanitizer did not see its creation)")
+        lines.append("    (<...>: that stream object; no line of the program that made it was seen)")
     return lines
 
 
