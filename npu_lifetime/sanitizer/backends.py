@@ -157,6 +157,21 @@ class _TraceBackend(Backend):
         event_class.query, stream_class.query = query_event, query_stream
 
 
+    def _patch_stream_constructor(self, stream_class) -> None:
+        """Each ``Stream()`` call tells the sinks which stream it returned
+        (``on_stream_constructed``), so the line that made it can name it."""
+        hub, backend = self.hub, self
+        construct = stream_class.__new__
+
+        def __new__(cls, *args, **kwargs):
+            stream = construct(cls, *args, **kwargs)
+            if hub.sinks:
+                hub.event("on_stream_constructed", backend.stream_key(stream))
+            return stream
+
+        stream_class.__new__ = staticmethod(__new__)
+
+
 def _blocks_from_snapshot(segments, stream_field: str = "stream") -> dict:
     blocks: dict = {}
     for segment in segments:
@@ -254,7 +269,8 @@ class NpuBackend(_TraceBackend):
     device_type = "npu"
     # torch_npu fires a creation for every stream of its pool at the first
     # Stream() (34 on one device, the default stream among them) and none at
-    # later ones: a creation's line says nothing of which stream it returned
+    # later ones: a creation's line says nothing of which stream it returned;
+    # the wrapped constructor says it instead (_patch_stream_constructor)
     creation_is_a_constructor_call = False
 
     def check_available(self) -> None:
@@ -282,6 +298,7 @@ class NpuBackend(_TraceBackend):
         register("record_stream", subscriber("on_record_stream_ptr", device, KEY_LAST))
         register("erase_stream", subscriber("on_erase_stream_ptr", device, KEY_LAST))
         self._patch_queries(torch_npu.npu.Event, torch_npu.npu.Stream, lambda e: e.npu_event)
+        self._patch_stream_constructor(torch_npu.npu.Stream)
 
     def current_device(self) -> int:
         import torch_npu

@@ -132,8 +132,6 @@ class Names:
     # -- streams ----------------------------------------------------------------
     def note_stream(self, key: tuple, site) -> None:
         """A stream was created at ``site``."""
-        if not getattr(self.backend, "creation_is_a_constructor_call", True):
-            return
         names = stream_names(site)
         if not names or key in self._streams:
             return

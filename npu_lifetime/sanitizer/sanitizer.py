@@ -449,6 +449,15 @@ class LifetimeSanitizer:
         site = self._site()
         with self._lock:
             self._stream(key)
+            if self.backend.creation_is_a_constructor_call:
+                self.names.note_stream(key, site)
+
+    def on_stream_constructed(self, key) -> None:
+        """A ``Stream()`` call of the program returned the stream ``key``
+        (where the creation trace does not say which: NPU)."""
+        site = self._site()
+        with self._lock:
+            self._stream(key)
             self.names.note_stream(key, site)
 
     def on_event_created(self, event) -> None:
