@@ -15,6 +15,7 @@ from npu_lifetime.lifetime import UncoveredFree
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
 from gpu_helpers import requires_cuda, run_program
+from pasted_fixes import assert_each_fix_passes
 
 pytestmark = requires_cuda
 
@@ -173,3 +174,16 @@ def test_nccl_collectives_are_accesses_on_nccls_stream_ordered_by_wait(tmp_path)
         assert r["all_to_all_output_used_before_wait"]["races"] == ["aten::add_ after c10d::alltoall_base_"], r
         for clean in ("all_reduce_used_after_wait", "all_reduce_synchronous", "all_gather_into_tensor_after_wait"):
             assert r[clean]["failing"] == [] and r[clean]["races"] == [], r[clean]["report"]
+
+
+def test_each_suggested_fix_on_cuda_pasted_into_the_script_makes_it_pass(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONWARNINGS="ignore")
+
+    def check(path):
+        return subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "check", "--device", "cuda", str(path)],
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    assert_each_fix_passes(check, Path(__file__).parent / "gpu_programs" / "script_missing_handoff.py", "del x",
+                           ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
+                            "torch.cuda.default_stream(0).wait_stream(side)"], tmp_path)

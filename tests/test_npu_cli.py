@@ -7,6 +7,7 @@ import pickle
 import subprocess
 
 from npu_helpers import PROGRAMS, REPO, npu_environment, require_npu_python
+from pasted_fixes import assert_each_fix_passes
 
 
 def cli(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -21,24 +22,14 @@ def test_check_fails_a_missing_hand_off_on_npu():
     assert "script_missing_handoff.py:" in done.stdout  # the sites are the script's lines
 
 
-
 def test_each_suggested_fix_on_npu_pasted_into_the_script_makes_it_pass(tmp_path):
     # torch_npu fires a creation for each of its pool's streams at the first
     # Stream(), the default stream among them: both streams were named
     # `side`, and a fix read `side.wait_stream(side)`
-    script = (PROGRAMS / "script_missing_handoff.py").read_text().splitlines()
-    free = script.index("del x")
-    done = cli("check", "--device", "npu", str(PROGRAMS / "script_missing_handoff.py"))
-    assert done.returncode == 1
-    assert "on stream 0x" in done.stdout and "(npu:0) (`side`)" in done.stdout, done.stdout
-    fixes = [line.split(":  ", 1)[1] for line in done.stdout.splitlines() if line.startswith("    ") and ":  " in line]
-    assert fixes == ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
-                     "torch.npu.default_stream(0).wait_stream(side)"], done.stdout
-    for i, fix in enumerate(fixes):
-        fixed = tmp_path / f"fixed{i}.py"
-        fixed.write_text("\n".join(["import npu_lifetime", *script[:free], fix, *script[free:]]) + "\n")
-        done = cli("check", "--device", "npu", str(fixed))
-        assert done.returncode == 0, (fix, done.stdout, done.stderr[-2000:])
+    assert_each_fix_passes(lambda path: cli("check", "--device", "npu", str(path)),
+                           PROGRAMS / "script_missing_handoff.py", "del x",
+                           ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
+                            "torch.npu.default_stream(0).wait_stream(side)"], tmp_path)
 
 
 def test_check_passes_the_record_use_hand_off_on_npu():
