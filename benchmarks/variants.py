@@ -19,6 +19,32 @@ VARIANTS_GPU = ("none", "csan", "lifetime", "lifetime+shim")
 VARIANTS_SIM = ("none", "lifetime")
 FLOOR = "empty-mode"
 CHILD_TIMEOUT_S = 300
+# NPU_LIFETIME_BENCH_CPUS="2,3": every child runs on those CPUs only, the
+# same for every variant (on a shared host, a child's placement moved its
+# figures by up to 2x between processes)
+CPUS_ENV = "NPU_LIFETIME_BENCH_CPUS"
+
+
+def pinned_cpus() -> set:
+    """The CPUs ``CPUS_ENV`` names (empty: no pinning); a clear error for a bad list."""
+    text = os.environ.get(CPUS_ENV, "").strip()
+    if not text:
+        return set()
+    try:
+        cpus = {int(part) for part in text.split(",")}
+    except ValueError:
+        _bad_input(f"{CPUS_ENV}={text!r}: give CPU numbers separated by commas, e.g. 2,3")
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        _bad_input(f"{CPUS_ENV}={text!r}: CPUs {sorted(cpus - allowed)} are not available here "
+                   f"(this process may run on {sorted(allowed)})")
+    return cpus
+
+
+def _bad_input(message: str) -> None:
+    """Exit 2, as the benchmarks' own argument errors do."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def setup_variant(variant: str, device: str):
@@ -137,11 +163,16 @@ def run_rounds(script: str, variants: tuple, rounds: int, child_args: list) -> t
     samples: dict = {v: [] for v in variants}
     last: dict = {}
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    cpus = pinned_cpus()
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    if cpus:
+        print(f"children pinned to CPUs {sorted(cpus)} ({CPUS_ENV})", file=sys.stderr)
     for r in range(rounds):
         for variant in variants if r % 2 == 0 else reversed(variants):
             try:
                 done = subprocess.run([sys.executable, script, "--child", variant, *child_args],
-                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S)
+                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S,
+                                      preexec_fn=pin)
             except subprocess.TimeoutExpired:
                 raise SystemExit(f"{variant} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
             if done.returncode != 0:
@@ -197,8 +228,10 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
     ops = last[variants[0]]["ops"]
     medians = {v: statistics.median(samples[v]) for v in variants}
     base = medians["none"]
+    cpus = pinned_cpus()
     print(f"{describe}: {ops} ops per run, device {device}; medians of {rounds} rounds x "
-          f"{len(samples['none']) // rounds} runs, variants in alternating fresh processes")
+          f"{len(samples['none']) // rounds} runs, variants in alternating fresh processes"
+          + (f", pinned to CPUs {sorted(cpus)}" if cpus else ""))
     print("columns: median milliseconds per workload run, microseconds per op, and the ratio to no sanitizer; "
           "'overhead / CSAN overhead' compares what each sanitizer adds to the run")
     print(f"{'variant':<15} {'ms/run':>9} {'us/op':>8} {'x none':>8}")

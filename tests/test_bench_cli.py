@@ -55,3 +55,19 @@ def test_each_round_reports_its_own_figures_so_a_cut_run_leaves_them():
     text = _round_summary(last, ("none", "csan", "lifetime", "lifetime+shim"))
     assert "none 11.00" in text and "csan 110.00" in text
     assert "lifetime 0.20" in text and "lifetime+shim 0.10" in text  # (30.5-11)/99 rounds to 0.20; (21-11)/99 to 0.10
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_children_pinned_to_the_cpus_asked_for_and_a_bad_list_is_a_clear_error(monkeypatch, capsys):
+    import os
+
+    cpu = min(os.sched_getaffinity(0))
+    monkeypatch.setenv("NPU_LIFETIME_BENCH_CPUS", str(cpu))
+    assert main(["bench", "sanitizer", "--rounds", "1", "--steps", "2", "--repeats", "1"]) == 0
+    captured = capsys.readouterr()
+    assert f"children pinned to CPUs [{cpu}]" in captured.err and f"pinned to CPUs [{cpu}]" in captured.out
+    for bad, message in (("two", "give CPU numbers separated by commas"),
+                         ("100000", "CPUs [100000] are not available here")):
+        monkeypatch.setenv("NPU_LIFETIME_BENCH_CPUS", bad)
+        assert main(["bench", "sanitizer", "--rounds", "1", "--steps", "2", "--repeats", "1"]) == 2
+        assert message in capsys.readouterr().err

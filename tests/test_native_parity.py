@@ -18,6 +18,8 @@ from npu_lifetime import lifetime
 from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, accesses, native, sites
 
+from by_chance import not_by_chance
+
 ROOT = Path(__file__).resolve().parent.parent
 
 if not native.ENABLED or native.feed is None or native.scan is None or lifetime.NativeLifetimeModel is None:
@@ -85,16 +87,7 @@ def test_random_programs_get_the_same_findings_both_ways(steps):
         _python_only(monkeypatch)
         assert native.model_class() is lifetime.LifetimeModel
         pure = run_program(steps)
-    assert _not_by_chance(with_native) == _not_by_chance(pure)
-
-
-def _not_by_chance(findings: list) -> list:
-    """The findings that do not depend on the host's allocator: a reuse race
-    is reported where the CPU allocator really handed a freed storage's
-    memory to another tensor, which the two runs (one after the other, in
-    one process) may not both see (seen on the GPU host: a reuse_race in the
-    first run only, the uncovered free behind it in both)."""
-    return [line for line in findings if not line.startswith("reuse_race")]
+    assert not_by_chance(with_native) == not_by_chance(pure)
 
 
 def test_the_programs_make_findings():
