@@ -6,8 +6,10 @@ from typing import Callable
 
 
 def suggested_fixes(report: str) -> list:
-    """The code of each fix line (``    where:  code``) of a report."""
-    return [line.split(":  ", 1)[1] for line in report.splitlines() if line.startswith("    ") and ":  " in line]
+    """The code of each fix line of a report: ``  fix: where:  code``, or
+    under ``  fix (any one):`` the lines ``    where:  code``."""
+    return [line.split(":  ", 1)[1] for line in report.splitlines()
+            if line.startswith(("    ", "  fix: ")) and ":  " in line]
 
 
 def assert_each_fix_passes(check: Callable, script: Path, before: str, expected: list, tmp_path: Path) -> None:

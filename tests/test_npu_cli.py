@@ -32,6 +32,12 @@ def test_each_suggested_fix_on_npu_pasted_into_the_script_makes_it_pass(tmp_path
                             "torch.npu.default_stream(0).wait_stream(side)"], tmp_path)
 
 
+def test_a_data_race_fix_on_npu_pasted_into_the_script_makes_it_pass(tmp_path):
+    assert_each_fix_passes(lambda path: cli("check", "--device", "npu", str(path)),
+                           PROGRAMS / "script_race.py", "with torch.npu.stream(side):",
+                           ["side.wait_stream(torch.npu.default_stream(0))"], tmp_path)
+
+
 def test_check_passes_the_record_use_hand_off_on_npu():
     done = cli("check", "--device", "npu", str(PROGRAMS / "script_record_use.py"))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

@@ -8,6 +8,7 @@ import types
 
 from npu_lifetime.cli import main
 from npu_lifetime.sanitizer.naming import Names, stream_names
+from pasted_fixes import suggested_fixes
 
 HANDOFF = """
 import torch
@@ -42,7 +43,7 @@ def test_each_suggested_fix_pasted_into_the_program_makes_it_pass(tmp_path, caps
     assert code == 1
     # the program's own names, and calls that run on the simulated device
     assert "`weights` (storage" in text and "sim stream" in text and "(`side`)" in text
-    fixes = [line.split(":  ", 1)[1] for line in text.splitlines() if line.startswith("    ") and ":  " in line]
+    fixes = suggested_fixes(text)
     assert fixes == ["npu_lifetime.record_use(weights, side)", "npu_lifetime.record_stream(weights, side)",
                      "npu_lifetime.simdevice.default_stream().wait_stream(side)"], text
     assert "x.record_stream" not in text and "<sim" not in text  # no placeholder, no call that crashes here
@@ -70,7 +71,7 @@ def test_a_data_race_fix_names_both_streams_and_runs(tmp_path, capsys):
     """
     code, text, [race] = check(tmp_path, write(tmp_path, body.format(fix="")), capsys)
     assert code == 1 and race["kind"] == "data_race"
-    [fix] = [line.split(":  ", 1)[1] for line in text.splitlines() if line.startswith("  fix: before the read")]
+    [fix] = suggested_fixes(text)
     assert fix == "npu_lifetime.simdevice.default_stream().wait_stream(producer)", text
     code, text, _ = check(tmp_path, write(tmp_path, body.format(fix=fix), "fixed.py"), capsys)
     assert code == 0, text
