@@ -156,7 +156,6 @@ class _TraceBackend(Backend):
 
         event_class.query, stream_class.query = query_event, query_stream
 
-
     def _patch_stream_constructor(self, stream_class) -> None:
         """Each ``Stream()`` call tells the sinks which stream it returned
         (``on_stream_constructed``), so the line that made it can name it."""
