@@ -168,7 +168,7 @@ def alternate(module_path: str, args: argparse.Namespace) -> dict:
     """Runs every variant ``rounds`` times in fresh processes (order reversed
     every other round); returns each variant's samples and last child result."""
     child_args = ["--module", module_path, "--device", args.device, "--steps", str(args.steps), "--repeats", str(args.repeats)]
-    samples, last = run_rounds(__file__, VARIANTS, args.rounds, child_args)
+    samples, last, _ = run_rounds(__file__, VARIANTS, args.rounds, child_args)
     return {"samples": samples, "last": last}
 
 

@@ -47,14 +47,19 @@ def _bad_input(message: str) -> None:
     raise SystemExit(2)
 
 
-def setup_variant(variant: str, device: str):
-    """In a child: installs what the variant needs; returns what must be
-    undone at the end: the lifetime sanitizer (enabled), the empty mode
-    (entered), or None."""
+def install_allocator(variant: str) -> None:
+    """In a child, before any device work: the variant's allocator (the
+    shim for lifetime+shim)."""
     if variant == "lifetime+shim":
         import npu_lifetime
 
         npu_lifetime.install("cuda")
+
+
+def setup_variant(variant: str, device: str):
+    """In a child, after ``install_allocator``: installs the rest of what the
+    variant needs; returns what must be undone at the end: the lifetime
+    sanitizer (enabled), the empty mode (entered), or None."""
     if variant == "csan":
         from torch.cuda._sanitizer import enable_cuda_sanitizer
 
@@ -96,22 +101,40 @@ def finish_variant(installed) -> None:
 
 
 def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repeats: int) -> None:
-    """In a child: warm up, time ``run()`` (which returns its op count)
-    ``repeats`` times, check the sanitizer found nothing that fails, print
+    """In a child: warm up and time ``run()`` (which returns its op count)
+    ``repeats`` times with only the variant's allocator installed (the
+    process's own baseline), then set the variant up, warm up again and time
+    it as many times; check the sanitizer found nothing that fails; print
     one JSON line."""
+    install_allocator(variant)
+    warm_up()
+    baseline, _ = _timed(run, repeats)
     installed = setup_variant(variant, device)
     warm_up()
-    times, ops = [], 0
     sampler = _native_sampler()
     sampler.npl_sampler_start()
+    times, ops = _timed(run, repeats)
+    sampler.npl_sampler_stop()
+    _profile_once(run)
+    finish_variant(installed)
+    print(json.dumps({"times": times, "baseline": baseline, "ops": ops}))
+
+
+def _timed(run: Callable, repeats: int) -> tuple:
+    """``([seconds per run], ops of the last run)``."""
+    times, ops = [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()
         ops = run()
         times.append(time.perf_counter() - t0)
-    sampler.npl_sampler_stop()
-    _profile_once(run)
-    finish_variant(installed)
-    print(json.dumps({"times": times, "ops": ops}))
+    return times, ops
+
+
+def relative_overhead(child: dict) -> float:
+    """A child's variant against its own baseline: median time / median
+    baseline time - 1.  A host that runs one process uniformly slower than
+    another (placement, clocks) scales both, so this cancels it."""
+    return statistics.median(child["times"]) / statistics.median(child["baseline"]) - 1
 
 
 class _NoSampler:
@@ -162,6 +185,7 @@ def run_rounds(script: str, variants: tuple, rounds: int, child_args: list) -> t
     samples and its last child's JSON line."""
     samples: dict = {v: [] for v in variants}
     last: dict = {}
+    paired: dict = {v: [] for v in variants}  # each child's relative_overhead, in round order
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     cpus = pinned_cpus()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
@@ -179,8 +203,10 @@ def run_rounds(script: str, variants: tuple, rounds: int, child_args: list) -> t
                 raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
             last[variant] = json.loads(done.stdout.strip().splitlines()[-1])
             samples[variant] += last[variant]["times"]
+            if "baseline" in last[variant]:
+                paired[variant].append(relative_overhead(last[variant]))
         print(f"round {r + 1}/{rounds} done: {_round_summary(last, variants)}", file=sys.stderr)
-    return samples, last
+    return samples, last, paired
 
 
 def _round_summary(last: dict, variants: tuple) -> str:
@@ -224,7 +250,7 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
     (order reversed every other round); prints the table; returns medians.
     ``floor``: the empty-mode variant too."""
     variants = (VARIANTS_GPU if device == "cuda" else VARIANTS_SIM) + ((FLOOR,) if floor else ())
-    samples, last = run_rounds(script, variants, rounds, ["--device", device, *child_args])
+    samples, last, paired = run_rounds(script, variants, rounds, ["--device", device, *child_args])
     ops = last[variants[0]]["ops"]
     medians = {v: statistics.median(samples[v]) for v in variants}
     base = medians["none"]
@@ -250,4 +276,23 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
     else:
         print(f"lifetime overhead per op: {(medians['lifetime'] - base) / ops * 1e6:.2f} us "
               "(no CSAN on this device: CSAN needs CUDA)")
+    if any(paired.values()):
+        print(paired_summary(paired))
     return medians
+
+
+def paired_summary(paired: dict) -> str:
+    """The comparison within each process: every child timed the workload
+    before setting its variant up (lifetime+shim's baseline has the shim
+    installed), so a process the host ran uniformly slower moves both."""
+    lines = ["paired within each process (the variant's median run / the same process's median run before it was "
+             "set up, - 1; none's is the drift): " + ", ".join(
+                 f"{v} {100 * statistics.median(o):+.1f}%" for v, o in paired.items() if o)]
+    if paired.get("csan"):
+        csan = statistics.median(paired["csan"])
+        for variant in ("lifetime", "lifetime+shim"):
+            if paired.get(variant):
+                rounds = ", ".join(f"{a / c:.2f}" for a, c in zip(paired[variant], paired["csan"]))
+                lines.append(f"{variant} overhead / CSAN overhead, paired = "
+                             f"{statistics.median(paired[variant]) / csan:.2f} (each round: {rounds})")
+    return "\n".join(lines)
