@@ -51,3 +51,11 @@ def test_snapshot_on_npu_writes_the_pictures(tmp_path):
     assert "runtime acl" in done.stdout
     snapshot = pickle.loads(out.with_suffix(".pickle").read_bytes())
     assert snapshot["segments"] and out.with_suffix(".html").read_text().count("<svg") >= 1
+
+
+def test_each_npu_stream_call_names_its_stream_and_current_stream_costs_nothing():
+    from npu_helpers import program_result, run_npu_program
+
+    r = program_result(run_npu_program("stream_naming.py"))
+    assert r["after_current_stream"] == 0 and r["after_two_streams"] == 2, r
+    assert r["names"][0].endswith("(`side`)") and r["names"][1].endswith("(`other`)"), r

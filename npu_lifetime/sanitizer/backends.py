@@ -158,13 +158,16 @@ class _TraceBackend(Backend):
 
     def _patch_stream_constructor(self, stream_class) -> None:
         """Each ``Stream()`` call tells the sinks which stream it returned
-        (``on_stream_constructed``), so the line that made it can name it."""
+        (``on_stream_constructed``), so the line that made it can name it.
+        A call with ``stream_id`` wraps a stream that exists (torch_npu's
+        ``current_stream()`` makes one each time): it tells nothing, at no
+        cost."""
         hub, backend = self.hub, self
         construct = stream_class.__new__
 
         def __new__(cls, *args, **kwargs):
             stream = construct(cls, *args, **kwargs)
-            if hub.sinks:
+            if hub.sinks and "stream_id" not in kwargs:
                 hub.event("on_stream_constructed", backend.stream_key(stream))
             return stream
 

@@ -13,6 +13,7 @@ tensors' ``Tensor.record_stream`` refuses its streams).
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import re
 from typing import Optional
@@ -75,9 +76,14 @@ def stream_names(site) -> tuple:
     during ``loss = net(x)``; ``[S() for ...]``) gets no name: the assigned
     variable does not hold that stream."""
     found = _source_line(site)
-    if found is None:
-        return ()
-    text = found[2].strip()
+    return () if found is None else _stream_names_in(found[2].strip())
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_names_in(text: str) -> tuple:
+    """``stream_names`` of one source line (parsed once per distinct line:
+    on NPU every ``Stream(...)`` object torch_npu makes, ``current_stream()``'s
+    included, asks)."""
     try:
         statement = ast.parse(text + (" pass" if text.endswith(":") else "")).body[0]
     except (SyntaxError, IndexError):  # a statement spread over several lines
@@ -130,10 +136,15 @@ class Names:
         self._per_line: dict = {}  # (file, line) -> streams created there so far
 
     # -- streams ----------------------------------------------------------------
+    def named(self, key: tuple) -> bool:
+        return key in self._streams
+
     def note_stream(self, key: tuple, site) -> None:
         """A stream was created at ``site``."""
+        if key in self._streams:
+            return
         names = stream_names(site)
-        if not names or key in self._streams:
+        if not names:
             return
         found = _source_line(site)
         where_key = found[:2] if found else None

@@ -454,7 +454,11 @@ class LifetimeSanitizer:
 
     def on_stream_constructed(self, key) -> None:
         """A ``Stream()`` call of the program returned the stream ``key``
-        (where the creation trace does not say which: NPU)."""
+        (where the creation trace does not say which: NPU).  torch_npu makes
+        a Stream object for every ``current_stream()`` too: a stream already
+        named costs no site capture."""
+        if self.names.named(key):
+            return
         site = self._site()
         with self._lock:
             self._stream(key)
