@@ -106,6 +106,9 @@ def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repea
     process's own baseline), then set the variant up, warm up again and time
     it as many times; check the sanitizer found nothing that fails; print
     one JSON line."""
+    cpus = pinned_cpus()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     install_allocator(variant)
     warm_up()
     baseline, _ = _timed(run, repeats)
@@ -117,7 +120,7 @@ def run_child(variant: str, device: str, warm_up: Callable, run: Callable, repea
     sampler.npl_sampler_stop()
     _profile_once(run)
     finish_variant(installed)
-    print(json.dumps({"times": times, "baseline": baseline, "ops": ops}))
+    print(json.dumps({"times": times, "baseline": baseline, "ops": ops, "cpus": sorted(os.sched_getaffinity(0))}))
 
 
 def _timed(run: Callable, repeats: int) -> tuple:
@@ -187,21 +190,21 @@ def run_rounds(script: str, variants: tuple, rounds: int, child_args: list) -> t
     last: dict = {}
     paired: dict = {v: [] for v in variants}  # each child's relative_overhead, in round order
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    cpus = pinned_cpus()
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    cpus = pinned_cpus()  # each child pins itself (run_child) and says where it ran
     if cpus:
         print(f"children pinned to CPUs {sorted(cpus)} ({CPUS_ENV})", file=sys.stderr)
     for r in range(rounds):
         for variant in variants if r % 2 == 0 else reversed(variants):
             try:
                 done = subprocess.run([sys.executable, script, "--child", variant, *child_args],
-                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S,
-                                      preexec_fn=pin)
+                                      capture_output=True, text=True, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 raise SystemExit(f"{variant} did not finish in {CHILD_TIMEOUT_S} s (round {r + 1})") from None
             if done.returncode != 0:
                 raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
             last[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+            if cpus and set(last[variant].get("cpus", ())) != cpus:
+                raise SystemExit(f"{variant} ran on CPUs {last[variant].get('cpus')}, not {sorted(cpus)}")
             samples[variant] += last[variant]["times"]
             if "baseline" in last[variant]:
                 paired[variant].append(relative_overhead(last[variant]))
@@ -283,16 +286,25 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
 
 def paired_summary(paired: dict) -> str:
     """The comparison within each process: every child timed the workload
-    before setting its variant up (lifetime+shim's baseline has the shim
-    installed), so a process the host ran uniformly slower moves both."""
+    before setting its variant up, so a process the host ran uniformly
+    slower moves both.  The variant is always timed second; none's own
+    figure (its second block against its first) is that order's drift, and
+    each round's figures are corrected by the same round's none:
+    (1 + variant) / (1 + none) - 1.  lifetime+shim's baseline has the shim
+    installed: its figure is the sanitizer over the shim alone."""
     lines = ["paired within each process (the variant's median run / the same process's median run before it was "
              "set up, - 1; none's is the drift): " + ", ".join(
                  f"{v} {100 * statistics.median(o):+.1f}%" for v, o in paired.items() if o)]
-    if paired.get("csan"):
-        csan = statistics.median(paired["csan"])
-        for variant in ("lifetime", "lifetime+shim"):
-            if paired.get(variant):
-                rounds = ", ".join(f"{a / c:.2f}" for a, c in zip(paired[variant], paired["csan"]))
-                lines.append(f"{variant} overhead / CSAN overhead, paired = "
-                             f"{statistics.median(paired[variant]) / csan:.2f} (each round: {rounds})")
+    drift = paired.get("none") or []
+    if paired.get("csan") and len(drift) == len(paired["csan"]):
+        def corrected(variant: str) -> list:
+            return [(1 + o) / (1 + d) - 1 for o, d in zip(paired[variant], drift)]
+
+        csan = corrected("csan")
+        for variant, over in (("lifetime", ""), ("lifetime+shim", " (the sanitizer over the shim alone)")):
+            if paired.get(variant) and len(paired[variant]) == len(drift):
+                mine = corrected(variant)
+                rounds = ", ".join(f"{a / c:.2f}" for a, c in zip(mine, csan))
+                lines.append(f"{variant} overhead / CSAN overhead, paired and drift-corrected{over} = "
+                             f"{statistics.median(mine) / statistics.median(csan):.2f} (each round: {rounds})")
     return "\n".join(lines)

@@ -67,6 +67,7 @@ def test_children_pinned_to_the_cpus_asked_for_and_a_bad_list_is_a_clear_error(m
     assert main(["bench", "sanitizer", "--rounds", "1", "--steps", "2", "--repeats", "1"]) == 0
     captured = capsys.readouterr()
     assert f"children pinned to CPUs [{cpu}]" in captured.err and f"pinned to CPUs [{cpu}]" in captured.out
+    # each child checked where it ran (run_rounds stops on a child that ran elsewhere)
     for bad, message in (("two", "give CPU numbers separated by commas"),
                          ("100000", "CPUs [100000] are not available here")):
         monkeypatch.setenv("NPU_LIFETIME_BENCH_CPUS", bad)
@@ -87,8 +88,14 @@ def test_the_paired_figure_compares_each_process_with_its_own_baseline():
     # a process running 2x slower throughout has the same relative overhead
     assert relative_overhead({"times": [0.030, 0.031, 0.029], "baseline": [0.010]}) == pytest.approx(2.0)
     assert relative_overhead({"times": [0.060], "baseline": [0.020, 0.021, 0.019]}) == pytest.approx(2.0)
-    text = paired_summary({"none": [0.01, -0.01], "csan": [9.0, 7.0], "lifetime": [1.8, 2.1],
+    # no drift: the ratios of the relative overheads
+    text = paired_summary({"none": [0.0, 0.0], "csan": [9.0, 7.0], "lifetime": [1.8, 2.1],
                            "lifetime+shim": [0.9, 1.4]})
     assert "none +0.0%, csan +800.0%, lifetime +195.0%, lifetime+shim +115.0%" in text, text
-    assert "lifetime overhead / CSAN overhead, paired = 0.24 (each round: 0.20, 0.30)" in text, text
-    assert "lifetime+shim overhead / CSAN overhead, paired = 0.14 (each round: 0.10, 0.20)" in text, text
+    assert "lifetime overhead / CSAN overhead, paired and drift-corrected = 0.24 (each round: 0.20, 0.30)" in text
+    assert ("lifetime+shim overhead / CSAN overhead, paired and drift-corrected (the sanitizer over the shim "
+            "alone) = 0.14 (each round: 0.10, 0.20)") in text, text
+    # a second block 10% slower in every process: corrected by none's same-round figure
+    text = paired_summary({"none": [0.1], "csan": [8.9], "lifetime": [1.2], "lifetime+shim": [0.65]})
+    # (2.2 / 1.1 - 1) / (9.9 / 1.1 - 1) = 1 / 8 = 0.125 (uncorrected: 1.2 / 8.9 = 0.135)
+    assert "lifetime overhead / CSAN overhead, paired and drift-corrected = 0.12 (each round: 0.12)" in text, text

@@ -184,6 +184,19 @@ def test_each_suggested_fix_on_cuda_pasted_into_the_script_makes_it_pass(tmp_pat
         return subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "check", "--device", "cuda", str(path)],
                               capture_output=True, text=True, env=env, timeout=300)
 
-    assert_each_fix_passes(check, Path(__file__).parent / "gpu_programs" / "script_missing_handoff.py", "del x",
+    assert_each_fix_passes(check, Path(__file__).parent / "gpu_programs" / "script_missing_handoff.py",
                            ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
                             "torch.cuda.default_stream(0).wait_stream(side)"], tmp_path)
+
+
+def test_two_streams_made_on_two_lines_are_named_by_their_own_lines():
+    # torch fires a creation for every stream of the device's pool at the
+    # first Stream() and none later (c10/cuda/CUDAStream.cpp): named by those
+    # creations, every pool stream was `side` and `other` was `side` too
+    san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
+    with san:
+        side = torch.cuda.Stream()
+        other = torch.cuda.Stream()
+        current = torch.cuda.current_stream()  # wraps a stream that exists: names nothing
+    codes = [san.names.stream_code(san.backend.stream_key(s)) for s in (side, other, current)]
+    assert codes == ["side", "other", "torch.cuda.default_stream(0)"], codes

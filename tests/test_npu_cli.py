@@ -27,14 +27,14 @@ def test_each_suggested_fix_on_npu_pasted_into_the_script_makes_it_pass(tmp_path
     # Stream(), the default stream among them: both streams were named
     # `side`, and a fix read `side.wait_stream(side)`
     assert_each_fix_passes(lambda path: cli("check", "--device", "npu", str(path)),
-                           PROGRAMS / "script_missing_handoff.py", "del x",
+                           PROGRAMS / "script_missing_handoff.py",
                            ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
                             "torch.npu.default_stream(0).wait_stream(side)"], tmp_path)
 
 
 def test_a_data_race_fix_on_npu_pasted_into_the_script_makes_it_pass(tmp_path):
     assert_each_fix_passes(lambda path: cli("check", "--device", "npu", str(path)),
-                           PROGRAMS / "script_race.py", "with torch.npu.stream(side):",
+                           PROGRAMS / "script_race.py",
                            ["side.wait_stream(torch.npu.default_stream(0))"], tmp_path)
 
 

@@ -174,7 +174,7 @@ def test_a_stream_made_inside_a_call_is_not_named_after_what_the_call_returns(tm
     # FSDP2 creates its streams lazily inside the first forward: the stream
     # was named `loss` after `loss = net(x)...`, and the fix read
     # `loss.wait_stream(...)`.  Here the statement builds a dict.
-    make = 'holder = dict(side=sd.Stream()); side = holder["side"]'
+    make = 'holder = dict(side=sd.Stream())\n    side = holder["side"]'
     code, text, _ = check(tmp_path, write(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
     assert code == 1
     assert "holder" not in text, text
@@ -187,21 +187,53 @@ def test_streams_a_statement_constructs_are_named_in_order(tmp_path, capsys):
     assert code == 1 and "(`side`)" in text and "npu_lifetime.record_use(weights, side)" in text, text
 
 
+def _site_in(tmp_path, source: str, line: int = 1, library=()):
+    """A site at LINE of a file holding SOURCE."""
+    path = tmp_path / f"prog{len(list(tmp_path.iterdir()))}.py"
+    path.write_text(textwrap.dedent(source))
+    return types.SimpleNamespace(user_frames=lambda: [(str(path), line, "f")], library=library)
+
+
 def test_stream_names_only_for_constructor_calls(tmp_path):
-    def names(line):
-        path = tmp_path / f"line{len(list(tmp_path.iterdir()))}.py"
-        path.write_text(line + "\n")
-        return stream_names(types.SimpleNamespace(user_frames=lambda: [(str(path), 1, "f")]))
+    def names(source, line=1):
+        return stream_names(_site_in(tmp_path, source, line))
 
     assert names("side = torch.cuda.Stream(priority=-1)") == ("side",)
     assert names("s: torch.cuda.Stream = torch.cuda.Stream()") == ("s",)
     assert names("self.side = torch.cuda.ExternalStream(ptr)") == ("self.side",)
-    assert names("with torch.cuda.Stream() as s:") == ("s",)
+    assert names("with torch.cuda.Stream() as s:  # a comment\n    pass") == ("s",)
     assert names("a, b = torch.Stream('cuda'), torch.cuda.Stream()") == ("a", "b")
     assert names("loss = net(x).pow(2).mean()") == ()
     assert names("streams = [torch.cuda.Stream() for _ in range(3)]") == ()
-    assert names("with torch.cuda.stream(torch.cuda.Stream()) as ctx:") == ()  # ctx is the context, not a stream
-    assert names("side = torch.cuda.Stream(") == ()  # a statement over several lines: not guessed
+    assert names("with torch.cuda.stream(torch.cuda.Stream()) as ctx:\n    pass") == ()  # ctx: a context
+    # found by review: each gave a stream a name that held another
+    assert names("other = sd.Stream(); side = sd.Stream()") == ()  # two statements on one line
+    assert names("a, *b = S(), S()") == ()
+    assert names("a, b = S(), make()") == ()
+    assert names("d = dict(\n    side=sd.Stream()\n)", line=2) == ()  # a line inside a call over several lines
+    assert names("side = torch.cuda.Stream(\n    priority=-1)", line=1) == ()  # a statement over several lines
+
+
+def test_a_one_op_statement_names_its_tensor(tmp_path):
+    names = Names(backend=None)
+
+    def tensor(source, library=()):
+        return names.tensor(_site_in(tmp_path, source, library=library))
+
+    assert tensor("y = x * 2") == ("y", True)
+    assert tensor("w = torch.full((2,), -1.0, device=dev)") == ("w", True)
+    assert tensor("y = F.relu(x)", library=[("functional.py", 1)]) == ("y", True)
+    assert tensor("y = a * b + c") == ("x", False)  # a * b is an intermediate
+    assert tensor("loss = net(x).pow(2).mean()") == ("x", False)
+    assert tensor("out = net(x)", library=[("a.py", 1), ("b.py", 2)]) == ("x", False)  # a library's buffer
+    assert tensor("a, b = x.chunk(2)") == ("x", False)
+    # found by review: none of these variables holds the tensor
+    assert tensor("make = lambda: torch.ones(32)") == ("x", False)
+    assert tensor("ys = [x * 2 for x in xs]") == ("x", False)
+    assert tensor("y = [x * 2]") == ("x", False)
+    assert tensor("d = {'a': x * 2}") == ("x", False)
+    assert tensor("y = x * 2; z = y + 1") == ("x", False)
+
 
 
 def test_storages_at_one_address_in_turn_are_named_once_with_their_count():
@@ -242,21 +274,3 @@ def test_an_intermediate_is_not_named_after_the_statements_result(tmp_path, caps
     assert "total" not in text and "(x: the tensor allocated at prog.py:11)" in text, text
     assert "npu_lifetime.record_use(x, side)" in text, text
 
-
-def test_a_one_op_statement_names_its_tensor(tmp_path):
-    sites = []
-
-    def site(line, library=()):
-        path = tmp_path / f"line{len(sites)}.py"
-        path.write_text(line + "\n")
-        sites.append(types.SimpleNamespace(user_frames=lambda: [(str(path), 1, "f")], library=library))
-        return sites[-1]
-
-    names = Names(backend=None)
-    assert names.tensor(site("y = x * 2")) == ("y", True)
-    assert names.tensor(site("w = torch.full((2,), -1.0, device=dev)")) == ("w", True)
-    assert names.tensor(site("y = F.relu(x)", library=[("functional.py", 1)])) == ("y", True)
-    assert names.tensor(site("y = a * b + c")) == ("x", False)  # a * b is an intermediate
-    assert names.tensor(site("loss = net(x).pow(2).mean()")) == ("x", False)
-    assert names.tensor(site("out = net(x)", library=[("a.py", 1), ("b.py", 2)])) == ("x", False)  # a library's buffer
-    assert names.tensor(site("a, b = x.chunk(2)")) == ("x", False)

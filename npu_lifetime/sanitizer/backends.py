@@ -32,7 +32,8 @@ class Backend:
     hooks_ops = False  # before_op / inside_op do something (else the dispatch mode skips them)
     stream_handle = None  # or h(device) -> handle with current_stream(device) == (device, h(device))
     # each stream-creation event is one constructor call of the program's, so
-    # the line that made it names it (see naming.Names.note_stream)
+    # the line that made it names it (see naming.Names.note_stream); not so
+    # for the trace backends (_TraceBackend)
     creation_is_a_constructor_call = True
 
     def __init__(self) -> None:
@@ -92,6 +93,14 @@ class Backend:
 
 class _TraceBackend(Backend):
     """CUDA and NPU: torch's (or torch_npu's) GPU trace callbacks."""
+
+    # torch (c10/cuda/CUDAStream.cpp, initSingleStream) and torch_npu fire a
+    # creation for every stream of the device's pool when the pool is made,
+    # at the first Stream() (on NPU 34 streams, the default stream among
+    # them), and none at later Stream() calls: a creation's line says
+    # nothing of which stream a call returned; the wrapped constructor
+    # says it instead (_patch_stream_constructor)
+    creation_is_a_constructor_call = False
 
     def _register_trace(self, register: Callable) -> None:
         """``register(kind, callback)`` for each trace kind."""
@@ -216,6 +225,7 @@ class CudaBackend(_TraceBackend):
             if registry is not None:
                 self._shortcut(registry, subscriber)
         self._patch_queries(torch.cuda.Event, torch.cuda.Stream, lambda e: e.cuda_event)
+        self._patch_stream_constructor(torch.cuda.Stream)
 
     def current_device(self) -> int:
         return torch._C._cuda_getDevice()  # torch.cuda.current_device() without its Python layers
@@ -269,11 +279,6 @@ class NpuBackend(_TraceBackend):
     taken without draining the task queue where the NPU bridge is loaded."""
 
     device_type = "npu"
-    # torch_npu fires a creation for every stream of its pool at the first
-    # Stream() (34 on one device, the default stream among them) and none at
-    # later ones: a creation's line says nothing of which stream it returned;
-    # the wrapped constructor says it instead (_patch_stream_constructor)
-    creation_is_a_constructor_call = False
 
     def check_available(self) -> None:
         try:

@@ -1,11 +1,12 @@
 """Names a user can paste: tensors and streams as the program wrote them.
 
-A stream is named by the variable its constructor call was assigned to
-(``side = torch.cuda.Stream()`` -> ``side``), read from the source line of
-the user frame that created it, and only when that line calls the
-constructor itself; the default stream by the call that returns it on
-its device.  A tensor is named by the variable at its allocation site (``y =
-x * 2`` -> ``y``), else by that site.  Fixes use calls that run on the
+A name is given only where the program holds the object under it, read
+from the statement of the user frame that made it when that statement sits
+alone on its line: a stream by the variable its constructor call is
+assigned to (``side = torch.cuda.Stream()`` -> ``side``), the default
+stream by the call that returns it on its device; a tensor by the variable
+its one-op statement assigns (``y = x * 2`` -> ``y``), else by its
+allocation site.  Fixes use calls that run on the
 device in question: ``x.record_stream(s)`` on CUDA and NPU,
 ``npu_lifetime.record_stream(x, s)`` on the simulated device (whose CPU
 tensors' ``Tensor.record_stream`` refuses its streams).
@@ -15,33 +16,66 @@ from __future__ import annotations
 import ast
 import functools
 import linecache
-import re
 from typing import Optional
 
-_TARGET = re.compile(r"^\s*(?:with\b.*\bas\s+)?([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*(?::[^=]*)?=(?!=)")
-_WITH_AS = re.compile(r"\bas\s+([A-Za-z_]\w*)\s*:")
-
-
-def _source_line(site) -> Optional[tuple]:
+def _site_line(site) -> Optional[tuple]:
+    """``(filename, line)`` of ``site``'s innermost user frame."""
     frames = site.user_frames() if site is not None and hasattr(site, "user_frames") else []
-    if not frames:
-        return None
-    filename, line, _ = frames[0]
-    return filename, line, linecache.getline(filename, line)
+    return frames[0][:2] if frames else None
 
 
-def assigned_names(site) -> tuple:
-    """The names the statement at ``site``'s innermost user frame assigns
-    (``a, b = ...`` -> ``("a", "b")``; ``with ... as s:`` -> ``("s",)``)."""
-    found = _source_line(site)
+def _header_end(node) -> int:
+    """The last line of a statement, or of a ``with`` statement's header."""
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return max(n.end_lineno for item in node.items for n in (item.context_expr, item.optional_vars) if n)
+    return node.end_lineno
+
+
+@functools.lru_cache(maxsize=256)
+def _one_line_statements(filename: str, size: int) -> dict:
+    """Line -> the statement that line holds alone: a simple statement or a
+    ``with`` header that begins and ends on it, with no other statement on
+    the line (``a = f(); b = g()`` holds two; the lines of a call spread over
+    several lines hold a part of one).  ``size`` (the source's length) makes
+    an edited file parse again."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return {}
+    covering: dict = {}  # line -> statements (simple or with-headers) that touch it
+    for node in ast.walk(tree):
+        simple = isinstance(node, ast.stmt) and not hasattr(node, "body")
+        if simple or isinstance(node, (ast.With, ast.AsyncWith)):
+            for line in range(node.lineno, _header_end(node) + 1):
+                covering.setdefault(line, []).append(node)
+    return {line: nodes[0] for line, nodes in covering.items()
+            if len(nodes) == 1 and nodes[0].lineno == line == _header_end(nodes[0])}
+
+
+def _statement_at(site):
+    """The statement ``site``'s innermost user frame was running, when its
+    line holds it alone; else None."""
+    found = _site_line(site)
     if found is None:
-        return ()
-    text = found[2]
-    match = _TARGET.match(text)
-    if match and "==" not in text[:match.end()]:
-        return tuple(name.strip() for name in match.group(1).split(","))
-    match = _WITH_AS.search(text)
-    return (match.group(1),) if match else ()
+        return None
+    filename, line = found
+    lines = linecache.getlines(filename)
+    return _one_line_statements(filename, sum(map(len, lines))).get(line) if lines else None
+
+
+def _bound_pairs(statement) -> list:
+    """(target, value) pairs an assignment or ``with`` header binds."""
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        return [(item.optional_vars, item.context_expr) for item in statement.items if item.optional_vars]
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target, value = statement.targets[0], statement.value
+    elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+        target, value = statement.target, statement.value
+    else:
+        return []
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+        return list(zip(target.elts, value.elts))
+    return [(target, value)]
 
 
 def _constructs_stream(node) -> bool:
@@ -53,43 +87,26 @@ def _constructs_stream(node) -> bool:
     return name.endswith("Stream")
 
 
-def _bound_pairs(statement) -> list:
-    """(target, value) pairs a one-line assignment or ``with`` binds."""
-    if isinstance(statement, ast.With):
-        return [(item.optional_vars, item.context_expr) for item in statement.items if item.optional_vars]
-    if isinstance(statement, ast.Assign):
-        target, value = statement.targets[-1], statement.value
-    elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-        target, value = statement.target, statement.value
-    else:
-        return []
-    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
-        return list(zip(target.elts, value.elts))
-    return [(target, value)]
+def _named(target) -> bool:
+    return isinstance(target, (ast.Name, ast.Attribute))
 
 
 def stream_names(site) -> tuple:
-    """The names the statement at ``site`` binds to streams it constructs
-    itself (``a, b = S(), S()`` -> ``("a", "b")``; ``with S() as s:`` ->
-    ``("s",)``).  A stream made inside a call the statement does not spell
-    out as a stream's constructor (a library creating its streams lazily
-    during ``loss = net(x)``; ``[S() for ...]``) gets no name: the assigned
-    variable does not hold that stream."""
-    found = _source_line(site)
-    return () if found is None else _stream_names_in(found[2].strip())
-
-
-@functools.lru_cache(maxsize=1024)
-def _stream_names_in(text: str) -> tuple:
-    """``stream_names`` of one source line (parsed once per distinct line:
-    on NPU every ``Stream(...)`` object torch_npu makes, ``current_stream()``'s
-    included, asks)."""
-    try:
-        statement = ast.parse(text + (" pass" if text.endswith(":") else "")).body[0]
-    except (SyntaxError, IndexError):  # a statement spread over several lines
+    """The names the statement at ``site`` binds to the streams it
+    constructs, in the order it constructs them (``a, b = S(), S()`` ->
+    ``("a", "b")``; ``with S() as s:`` -> ``("s",)``), when each stream it
+    constructs is bound to a name.  A stream made inside a call the
+    statement does not spell out as a constructor (a library creating its
+    streams lazily during ``loss = net(x)``), one of several on the line
+    (``[S() for ...]``, ``a, *b = ...``, ``d = dict(s=S())``) gets none: the
+    assigned variable does not hold that stream."""
+    statement = _statement_at(site)
+    if statement is None:
         return ()
-    return tuple(ast.unparse(target) for target, value in _bound_pairs(statement)
-                 if isinstance(target, (ast.Name, ast.Attribute)) and _constructs_stream(value))
+    names = tuple(ast.unparse(target) for target, value in _bound_pairs(statement)
+                  if _named(target) and _constructs_stream(value))
+    made = sum(map(_constructs_stream, ast.walk(statement)))
+    return names if names and len(names) == made else ()
 
 
 def _is_op(node) -> bool:
@@ -98,25 +115,25 @@ def _is_op(node) -> bool:
     return isinstance(node, (ast.Call, ast.BinOp, ast.Compare))
 
 
-def _makes_one_tensor(site) -> bool:
-    """Whether the storage allocated at ``site`` can only be the value its
-    statement assigns: the statement is one op (``y = x * 2``, ``w =
-    torch.ones(8)``), called from the line itself or through at most one
-    library function (``y = F.relu(x)``).  Otherwise the allocation may be
-    an intermediate (``y = a * b + c``) or a library's own buffer (FSDP2's
-    all-gather output, allocated inside ``loss = net(x).sum()``), which the
-    assigned variable does not hold."""
+def tensor_name(site) -> Optional[str]:
+    """The variable that holds the storage allocated at ``site``: the
+    target of its statement when that statement is one op (``y = x * 2``,
+    ``w = torch.ones(8)``) called from the line itself or through at most
+    one library function (``y = F.relu(x)``); else None.  An intermediate
+    (``y = a * b + c``), a library's own buffer allocated inside a user
+    statement (FSDP2's all-gather output inside ``loss = net(x).sum()``),
+    a lambda's, a comprehension's or a container's element are not the
+    assigned variable's."""
     if len(getattr(site, "library", ())) > 1:
-        return False
-    found = _source_line(site)
-    if found is None:
-        return False
-    try:
-        statement = ast.parse(found[2].strip()).body[0]
-    except (SyntaxError, IndexError):  # a statement spread over several lines
-        return False
-    pairs = _bound_pairs(statement)
-    return len(pairs) == 1 and sum(map(_is_op, ast.walk(pairs[0][1]))) == 1
+        return None
+    statement = _statement_at(site)
+    pairs = _bound_pairs(statement) if statement is not None else []
+    if len(pairs) != 1 or not _named(pairs[0][0]):
+        return None
+    target, value = pairs[0]
+    if not _is_op(value) or sum(map(_is_op, ast.walk(value))) != 1:
+        return None
+    return ast.unparse(target)
 
 
 def where(site) -> str:
@@ -146,9 +163,8 @@ class Names:
         names = stream_names(site)
         if not names:
             return
-        found = _source_line(site)
-        where_key = found[:2] if found else None
-        index = self._per_line.get(where_key, 0)
+        where_key = _site_line(site)
+        index = self._per_line.get(where_key, 0)  # the line's streams in the order it makes them (a loop: again)
         self._per_line[where_key] = index + 1
         self._streams[key] = names[index % len(names)]
 
@@ -192,10 +208,8 @@ class Names:
         """``(code, known)``: the variable the tensor was assigned to at its
         allocation, else ``x`` (not known: the report says where it was
         allocated)."""
-        names = assigned_names(alloc_site)
-        if len(names) == 1 and _makes_one_tensor(alloc_site):
-            return names[0], True
-        return "x", False
+        name = tensor_name(alloc_site)
+        return (name, True) if name else ("x", False)
 
     def tensor_prose(self, alloc_site) -> str:
         code, known = self.tensor(alloc_site)

@@ -446,10 +446,11 @@ class LifetimeSanitizer:
         return key
 
     def on_stream_created(self, key) -> None:
-        site = self._site()
+        names = self.backend.creation_is_a_constructor_call
+        site = self._site() if names else None  # a pool's 34 creations at once take no site
         with self._lock:
             self._stream(key)
-            if self.backend.creation_is_a_constructor_call:
+            if names:
                 self.names.note_stream(key, site)
 
     def on_stream_constructed(self, key) -> None:
