@@ -274,3 +274,38 @@ def test_an_intermediate_is_not_named_after_the_statements_result(tmp_path, caps
     assert "total" not in text and "(x: the tensor allocated at prog.py:11)" in text, text
     assert "npu_lifetime.record_use(x, side)" in text, text
 
+
+
+def test_the_stream_constructor_wrap_tells_of_made_streams_only():
+    """The CUDA and NPU backends wrap the Python Stream class's constructor
+    (their creation traces fire for a whole pool at once): a call that makes
+    a stream tells the sinks which one, a wrap of an existing stream
+    (``stream_id=``, as ``current_stream()`` makes) tells nothing; subclasses
+    go through it too."""
+    from npu_lifetime.sanitizer.backends import CudaBackend
+
+    class FakeStream:
+        def __new__(cls, device=None, priority=0, **kwargs):
+            stream = object.__new__(cls)
+            stream.key = (0, kwargs.get("stream_id", 100 + priority))
+            return stream
+
+    class External(FakeStream):
+        def __new__(cls, ptr, **kwargs):
+            return super().__new__(cls, priority=ptr, **kwargs)
+
+    heard = []
+
+    class Sink:
+        def on_stream_constructed(self, key):
+            heard.append(key)
+
+    backend = CudaBackend()
+    backend.stream_key = lambda stream: stream.key
+    backend._patch_stream_constructor(FakeStream)
+    FakeStream(priority=1)  # no sink yet: nothing
+    backend.hub.add(Sink())
+    made = FakeStream(priority=2)
+    FakeStream(stream_id=7, device_index=0, device_type=1)
+    External(5)
+    assert heard == [(0, 102), (0, 105)] and isinstance(made, FakeStream)
