@@ -59,3 +59,4 @@ def test_each_npu_stream_call_names_its_stream_and_current_stream_costs_nothing(
     r = program_result(run_npu_program("stream_naming.py"))
     assert r["after_current_stream"] == 0 and r["after_two_streams"] == 2, r
     assert r["names"][0].endswith("(`side`)") and r["names"][1].endswith("(`other`)"), r
+    assert r["names"][2].endswith("(`launcher`)"), r  # SyncLaunchStream: a class of its own, wrapped too

@@ -305,7 +305,9 @@ class NpuBackend(_TraceBackend):
         register("record_stream", subscriber("on_record_stream_ptr", device, KEY_LAST))
         register("erase_stream", subscriber("on_erase_stream_ptr", device, KEY_LAST))
         self._patch_queries(torch_npu.npu.Event, torch_npu.npu.Stream, lambda e: e.npu_event)
-        self._patch_stream_constructor(torch_npu.npu.Stream)
+        for stream_class in (torch_npu.npu.Stream, getattr(torch_npu.npu, "SyncLaunchStream", None)):
+            if stream_class is not None:  # SyncLaunchStream is a class of its own, not a Stream
+                self._patch_stream_constructor(stream_class)
 
     def current_device(self) -> int:
         import torch_npu

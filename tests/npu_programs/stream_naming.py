@@ -5,7 +5,7 @@ object."""
 import json
 
 import torch
-import torch_npu  # noqa: F401
+import torch_npu
 
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
@@ -24,5 +24,6 @@ with san:
     side = torch.npu.Stream()
     other = torch.npu.Stream()
     after_two = len(calls)
-    names = [san.names(key) for key in calls[:after_two]]
+    launcher = torch_npu.npu.SyncLaunchStream()
+    names = [san.names(key) for key in calls[:after_two + 1]]
 print(json.dumps({"after_current_stream": after_current, "after_two_streams": after_two, "names": names}))
