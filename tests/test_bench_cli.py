@@ -6,6 +6,17 @@ import torch
 from npu_lifetime.cli import main
 
 
+def _variants():
+    """benchmarks/variants.py (the benchmarks' shared module, not a package)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import variants
+
+    return variants
+
+
 def test_no_name_lists_the_benchmarks_with_what_they_measure(capsys):
     assert main(["bench"]) == 0
     out = capsys.readouterr().out
@@ -43,11 +54,7 @@ def test_the_model_benchmark_explains_its_columns(capsys):
 def test_each_round_reports_its_own_figures_so_a_cut_run_leaves_them():
     """A benchmark cut by its time limit on the GPU host left only 'round 1/2
     done'; each round now prints its medians and overheads / CSAN's."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from variants import _round_summary
+    _round_summary = _variants()._round_summary
 
     last = {"none": {"times": [0.010, 0.012, 0.011], "ops": 1000},
             "csan": {"times": [0.110], "ops": 1000},
@@ -79,11 +86,7 @@ def test_the_paired_figure_compares_each_process_with_its_own_baseline():
     """Between fresh processes the H100 host moved every variant by up to 2x
     (none 17-34 us/op in one run); each child now also times the workload
     before setting its variant up, and the paired figure divides by that."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from variants import paired_summary, relative_overhead
+    paired_summary, relative_overhead = _variants().paired_summary, _variants().relative_overhead
 
     # a process running 2x slower throughout has the same relative overhead
     assert relative_overhead({"times": [0.030, 0.031, 0.029], "baseline": [0.010]}) == pytest.approx(2.0)

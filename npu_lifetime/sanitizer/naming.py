@@ -32,14 +32,14 @@ def _header_end(node) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _one_line_statements(filename: str, size: int) -> dict:
+def _one_line_statements(source: str) -> dict:
     """Line -> the statement that line holds alone: a simple statement or a
     ``with`` header that begins and ends on it, with no other statement on
     the line (``a = f(); b = g()`` holds two; the lines of a call spread over
-    several lines hold a part of one).  ``size`` (the source's length) makes
-    an edited file parse again."""
+    several lines hold a part of one).  Cached by the source itself, so an
+    edited file parses again."""
     try:
-        tree = ast.parse("".join(linecache.getlines(filename)))
+        tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return {}
     covering: dict = {}  # line -> statements (simple or with-headers) that touch it
@@ -59,8 +59,8 @@ def _statement_at(site):
     if found is None:
         return None
     filename, line = found
-    lines = linecache.getlines(filename)
-    return _one_line_statements(filename, sum(map(len, lines))).get(line) if lines else None
+    source = "".join(linecache.getlines(filename))
+    return _one_line_statements(source).get(line) if source else None
 
 
 def _bound_pairs(statement) -> list:

@@ -446,18 +446,20 @@ class LifetimeSanitizer:
         return key
 
     def on_stream_created(self, key) -> None:
-        names = self.backend.creation_is_a_constructor_call
-        site = self._site() if names else None  # a pool's 34 creations at once take no site
+        """The device made the stream ``key``: named by the line that made it
+        where each creation is one constructor call (the simulated device);
+        CUDA's and NPU's come a whole pool at once and name nothing (their
+        constructor calls come as ``on_stream_constructed``)."""
+        if self.backend.creation_is_a_constructor_call:
+            self.on_stream_constructed(key)
+            return
         with self._lock:
             self._stream(key)
-            if names:
-                self.names.note_stream(key, site)
 
     def on_stream_constructed(self, key) -> None:
-        """A ``Stream()`` call of the program returned the stream ``key``
-        (where the creation trace does not say which: NPU).  torch_npu makes
-        a Stream object for every ``current_stream()`` too: a stream already
-        named costs no site capture."""
+        """A ``Stream()`` call of the program returned the stream ``key``.
+        A pool hands its streams out again: a stream already named costs no
+        site capture."""
         if self.names.named(key):
             return
         site = self._site()
