@@ -97,4 +97,25 @@ def test_a_failing_replay_after_a_failing_op_raises_as_the_body_does(monkeypatch
     monkeypatch.undo()
     body_result = _replay_failure(monkeypatch, body=True)
     assert body_result == (KeyError, RuntimeError, True)
-    assert native_result == body_result
+    # the same chain; the native path calls the op's C++ binding (dispatch._op_binding), so torch's
+    # error has no Python frame to carry a traceback (the body's has OpOverload.__call__'s)
+    assert native_result[:2] == body_result[:2]
+
+
+def test_the_native_path_runs_an_op_by_its_binding_only_where_call_just_forwards(monkeypatch):
+    import torch
+
+    from npu_lifetime.sanitizer.dispatch import _op_binding
+
+    add = torch.ops.aten.add.Tensor
+    assert _op_binding(add) is add._op  # torch's __call__ is `return self._op(*args, **kwargs)`
+
+    def counting_call(self, /, *args, **kwargs):  # a __call__ that does more than forward
+        calls.append(self)
+        return self._op(*args, **kwargs)
+
+    calls = []
+    monkeypatch.setattr(torch._ops.OpOverload, "__call__", counting_call)
+    assert _op_binding(add) is add  # not bypassed: its own __call__ runs
+    assert add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0] and calls == [add]
+    assert _op_binding(torch.ops.higher_order.cond) is torch.ops.higher_order.cond  # not an OpOverload

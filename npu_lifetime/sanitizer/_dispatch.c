@@ -30,7 +30,9 @@
  *   17 stream_handle(device) -> handle or None (backend.current_stream(d) is then (d, handle)),
  *   the sanitizer's apply_accesses, inlined: 18 its lock, 19 model.has_stream, 20 _feed.feed,
  *   21 storages.live, 22 storages.sizeless, 23 _first_sight, 24 model.set_size, 25 model.access,
- *   26 _findings.add, 27 _announce_races
+ *   26 _findings.add, 27 _announce_races,
+ *   28 binding(func) -> what runs the op (dispatch._op_binding: the op's C++ binding where
+ *      OpOverload.__call__ only forwards to it, which saves its Python frame per op)
  *
  * Dynamo: torch wraps a mode's __torch_dispatch__ so that Dynamo never
  * compiles it (torch._disable_dynamo sets the thread's eval-frame callback
@@ -46,12 +48,12 @@ enum {
     S_SANITIZER, S_BACKEND, S_TRACKED, S_OP_DEVICE, S_BEFORE, S_INSIDE, S_DEPTH, S_CAPTURE, S_OP_FRAME,
     S_ON_THREAD, S_REPLAY_HELD, S_FEED_HELD, S_WRITTEN_STORAGES, S_SCAN_OP, S_PLAN, S_LIFETIME_OPS, S_GUARDS,
     S_STREAM_HANDLE, S_LOCK, S_HAS_STREAM, S_FEED, S_LIVE, S_SIZELESS, S_FIRST_SIGHT, S_SET_SIZE, S_ACCESS,
-    S_FINDINGS_ADD, S_ANNOUNCE, S_SIZE
+    S_FINDINGS_ADD, S_ANNOUNCE, S_BINDING, S_SIZE
 };
 
 /* A plan entry, per op (cached by the op's address, the op kept alive):
- * (func, kind, plan, arguments, by_name, fresh_returns, written, writes, name) */
-enum { P_FUNC, P_KIND, P_PLAN, P_ARGUMENTS, P_BY_NAME, P_FRESH_RETURNS, P_WRITTEN, P_WRITES, P_NAME, P_SIZE };
+ * (func, kind, plan, arguments, by_name, fresh_returns, written, writes, name, call) */
+enum { P_FUNC, P_KIND, P_PLAN, P_ARGUMENTS, P_BY_NAME, P_FRESH_RETURNS, P_WRITTEN, P_WRITES, P_NAME, P_CALL, P_SIZE };
 enum { KIND_BODY, KIND_NO_DATA, KIND_COMMON };
 
 static PyObject *dispatch_body, *dispatch_wrapped, *set_eval_frame;
@@ -163,13 +165,15 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
     PyObject *training = PyObject_GetAttr(plan, str_training);
     PyObject *arguments = PyObject_GetAttr(plan, str_arguments), *by_name = PyObject_GetAttr(plan, str_by_name),
              *fresh = PyObject_GetAttr(plan, str_fresh_returns), *name = PyObject_GetAttr(plan, str_name);
+    PyObject *call = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_BINDING), func);
     entry = NULL;
     if (touches >= 0 && resizes >= 0 && collective >= 0 && allocates_only >= 0 && writes >= 0 && training &&
-        arguments && by_name && fresh && name) {
+        arguments && by_name && fresh && name && call) {
         long kind = (resizes || collective || training != Py_None) ? KIND_BODY : touches ? KIND_COMMON : KIND_NO_DATA;
-        entry = Py_BuildValue("(OlOOOOOOO)", func, kind, plan, arguments, by_name, fresh,
-                              allocates_only ? Py_False : Py_True, writes ? Py_True : Py_False, name);
+        entry = Py_BuildValue("(OlOOOOOOOO)", func, kind, plan, arguments, by_name, fresh,
+                              allocates_only ? Py_False : Py_True, writes ? Py_True : Py_False, name, call);
     }
+    Py_XDECREF(call);
     Py_DECREF(plan);
     Py_XDECREF(training);
     Py_XDECREF(arguments);
@@ -200,7 +204,8 @@ static int call_each(PyObject *hooks, PyObject *const *args, size_t nargs) {
 /* The op, its hooks around it, with on_thread.frame set to its frame (the
  * device events it issues are held there); on a failure the held events
  * are replayed (what the op did issue still happened) and the error stays. */
-static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObject *args, PyObject *kwargs) {
+static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObject *call, PyObject *args,
+                        PyObject *kwargs) {
     PyObject *on_thread = PyTuple_GET_ITEM(state, S_ON_THREAD);
     PyObject *outer = PyObject_GetAttr(on_thread, str_frame);
     if (outer == NULL) return NULL;
@@ -208,7 +213,7 @@ static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObje
         Py_DECREF(outer);
         return NULL;
     }
-    PyObject *outputs = PyObject_Call(func, args, kwargs);
+    PyObject *outputs = PyObject_Call(call, args, kwargs);
     PyObject *hook_args[2] = {func, args};
     if (outputs != NULL && call_each(PyTuple_GET_ITEM(state, S_INSIDE), hook_args, 2) < 0) Py_CLEAR(outputs);
     PyObject *type, *value, *traceback;
@@ -381,7 +386,7 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
         Py_SETREF(written_before, PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_WRITTEN_STORAGES), call, 3, NULL));
         if (written_before == NULL) goto done;
     }
-    outputs = run_op(state, frame, func, args, kwargs);
+    outputs = run_op(state, frame, func, PyTuple_GET_ITEM(entry, P_CALL), args, kwargs);
     if (outputs == NULL) goto done;
     held = PyObject_GetAttr(frame, str_held);
     int any_held = held == NULL ? -1 : PyObject_IsTrue(held);
@@ -418,7 +423,8 @@ static PyObject *try_op(PyObject *state, PyObject *func, PyObject *args, PyObjec
     Py_INCREF(entry); /* a plan cache change during the op must not free it */
     PyObject *result = NULL;
     if (call_each(PyTuple_GET_ITEM(state, S_BEFORE), NULL, 0) == 0)
-        result = kind == KIND_NO_DATA ? PyObject_Call(func, args, kwargs) : common_op(state, entry, func, args, kwargs);
+        result = kind == KIND_NO_DATA ? PyObject_Call(PyTuple_GET_ITEM(entry, P_CALL), args, kwargs)
+                                      : common_op(state, entry, func, args, kwargs);
     Py_DECREF(entry);
     return result;
 }

@@ -188,7 +188,20 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
     return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
             tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
             on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, _PLAN,
-            _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer))
+            _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer), _op_binding)
+
+
+def _op_binding(func):
+    """What runs ``func``: its C++ binding where ``func`` is an
+    ``OpOverload`` whose ``__call__`` only forwards to it (torch's
+    ``return self._op(*args, **kwargs)``), which saves that Python frame on
+    every op; else ``func`` itself."""
+    forwarder = getattr(torch._ops.OpOverload, "__call__", None)
+    code = getattr(forwarder, "__code__", None)
+    if (type(func) is torch._ops.OpOverload and code is not None and code.co_names == ("_op",)
+            and callable(getattr(func, "_op", None))):
+        return func._op
+    return func
 
 
 def _apply_parts(sanitizer) -> tuple:
