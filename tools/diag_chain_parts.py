@@ -5,13 +5,16 @@ switched on, rounds alternating; printed as each part's paired overhead in
 us/op (its median run minus the same process's median baseline run).
 Diagnostic only: parts with something switched off give no verdicts.
 
-  trace        torch's GPU trace layer alone (activated, no subscriber of ours)
+  trace        torch's GPU trace layer alone (activated, no subscriber)
   empty-mode   an empty TorchDispatchMode (torch's dispatch floor)
   empty-mode-op  the same, calling the op's C++ binding (func._op) instead
                of OpOverload.__call__
   no-mode      the sanitizer enabled but its dispatch mode popped: its
                device-event and allocation feeds alone (trace layer included)
+  no-mode-events-off   no-mode, the device events' handlers (on_event_* ...) no-ops
+  no-mode-storage-off  no-mode, the trace's allocations and frees not fed to the table
   lifetime     the whole sanitizer
+  no-feed      the whole sanitizer, each op's scanned accesses not fed (no table, no model)
   no-access    the whole sanitizer, the model's per-access call a no-op
   fixed-site   the whole sanitizer, each op's site capture a constant
 
@@ -31,8 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-PARTS = ("trace", "empty-mode", "empty-mode-op", "no-mode", "lifetime", "no-access", "fixed-site")
-S_CAPTURE, S_ACCESS = 7, 25  # _dispatch.c's state layout
+PARTS = ("trace", "empty-mode", "empty-mode-op", "no-mode", "no-mode-events-off", "no-mode-storage-off", "lifetime",
+         "no-feed", "no-access", "fixed-site")
+S_CAPTURE, S_FEED, S_ACCESS = 7, 20, 25  # _dispatch.c's state layout
+EVENT_BODIES = ("on_event_created", "on_event_deleted", "on_event_record", "on_event_wait", "on_event_sync",
+                "on_stream_sync", "on_device_sync", "on_wait_stream")
 
 
 def _patch_state(index: int, value) -> None:
@@ -43,11 +49,17 @@ def _patch_state(index: int, value) -> None:
     dispatch._native_dispatch.common(tuple(state))
 
 
+def _nothing(*args) -> None:
+    return None
+
+
 def _setup(part: str, device: str):
     """Switches ``part`` on; returns a context to time under (or None)."""
     import torch
 
     if part == "trace":
+        import torch.cuda._gpu_trace  # noqa: F401  (torch looks its registries up there on each call)
+
         torch._C._activate_gpu_trace()
         return None
     if part == "empty-mode":
@@ -67,11 +79,18 @@ def _setup(part: str, device: str):
         return None
     from npu_lifetime.sanitizer import LifetimeSanitizer
 
-    LifetimeSanitizer(device, on_race="warn").enable()
-    if part == "no-mode":
+    sanitizer = LifetimeSanitizer(device, on_race="warn").enable()
+    if part == "no-mode-events-off":
+        for name in EVENT_BODIES:
+            setattr(sanitizer, name, _nothing)
+    if part == "no-mode-storage-off":
+        sanitizer._trace_alloc, sanitizer._trace_free = _nothing, _nothing
+    if part.startswith("no-mode"):
         from torch.utils._python_dispatch import _pop_mode_temporarily
 
         return _pop_mode_temporarily
+    if part == "no-feed":
+        _patch_state(S_FEED, lambda *args: [])
     if part == "no-access":
         _patch_state(S_ACCESS, lambda *args: [])
     if part == "fixed-site":
@@ -148,7 +167,7 @@ def main() -> None:
     print(f"chain, device {args.device}{' over the shim' if args.shim else ''}, {args.steps} steps x {args.repeats} runs per block, {args.rounds} rounds: "
           "paired overhead in us/op (median of rounds; each round's)")
     for part in parts:
-        print(f"{part:<12} {statistics.median(added[part]):+8.2f}   ({', '.join(f'{a:+.2f}' for a in added[part])})")
+        print(f"{part:<20} {statistics.median(added[part]):+8.2f}   ({', '.join(f'{a:+.2f}' for a in added[part])})")
 
 
 if __name__ == "__main__":
