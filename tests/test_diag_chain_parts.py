@@ -1,0 +1,52 @@
+"""tools/diag_chain_parts.py switches parts of the sanitizer off by
+rewriting the native dispatch path's state by index: each part must switch
+off what it says, and only that (the indices follow _dispatch.c's layout)."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROGRAM = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, "tools")
+    import torch
+    import diag_chain_parts as diag
+    from npu_lifetime import simdevice as sd
+    from npu_lifetime.sanitizer import dispatch, native
+
+    diag._setup(sys.argv[1], "sim")
+    side = sd.Stream()
+    a = torch.ones(4)
+    with sd.stream(side):
+        a.add_(1)
+    b = a * 2  # the default stream reads a without waiting for side's write
+    findings = dispatch._active[0].flush()
+    print(native.in_use()["dispatch"], sorted({f.kind for f in findings}))
+""")
+
+
+def _kinds(part: str) -> str:
+    done = subprocess.run([sys.executable, "-c", PROGRAM, part], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_the_whole_sanitizer_and_a_fixed_site_find_the_race():
+    for part in ("lifetime", "fixed-site"):
+        line = _kinds(part)
+        if not line.startswith("True"):
+            pytest.skip("the native dispatch path is not built")
+        assert "data_race" in line, (part, line)
+
+
+@pytest.mark.parametrize("part", ["no-feed", "no-access"])
+def test_parts_that_switch_the_model_off_find_nothing(part):
+    line = _kinds(part)
+    if not line.startswith("True"):
+        pytest.skip("the native dispatch path is not built")
+    assert line.endswith("[]"), (part, line)
