@@ -4,7 +4,7 @@
 # transformer training step, each with CSAN in the same run, variants in
 # alternating fresh processes.  Logs under $OUT; each benchmark has its own
 # time limit and never stops the others.
-#   tools/gpu_bench_sanitizer.sh            (CHAIN_ROUNDS, TRAIN_ROUNDS to change the rounds)
+#   tools/gpu_bench_sanitizer.sh            (CHAIN_ROUNDS, TRAIN_ROUNDS to change the rounds; RSS_OPS for the RSS loop)
 set -u
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,3 +20,5 @@ R=${CHAIN_ROUNDS:-5}; TR=${TRAIN_ROUNDS:-2}
 TAILN=14 bench bench_sanitizer $((45 * R + 30)) benchmarks/bench_sanitizer.py --rounds "$R" --steps 200 --repeats 5 --floor
 bench bench_training_mlp $((60 * TR + 40)) benchmarks/bench_training.py --rounds "$TR" --steps 10 --repeats 3
 bench bench_training_transformer $((50 * TR + 40)) benchmarks/bench_training.py --model transformer --rounds "$TR" --steps 5 --repeats 3
+# RSS_OPS=N: then the sanitizer's RSS over an N-op loop (Done-when: flat over 1M ops)
+if [ -n "${RSS_OPS:-}" ]; then bench bench_rss 240 benchmarks/bench_rss.py --device cuda --ops "$RSS_OPS"; fi

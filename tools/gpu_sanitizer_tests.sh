@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The sanitizer's GPU tests in one command that builds everything (one GPU;
+# the two-GPU cases skip).  Log under $OUT.
+#   tools/gpu_sanitizer_tests.sh [extra pytest args]
+set -u
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  cat COMMIT 2>/dev/null || git rev-parse HEAD
+  python3 -c "import torch; print('torch', torch.__version__)"; } | tee "$OUT/machine.txt"
+T0=$SECONDS; python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "build $((SECONDS-T0)) s"
+timeout "${TEST_LIMIT:-540}" python3 -m pytest -q -rfE -p no:cacheprovider --durations=10 \
+  tests/test_gpu_sanitizer.py tests/test_gpu_verdicts.py tests/test_gpu_corpus.py tests/test_gpu_handoff.py \
+  tests/test_event_hook.py tests/test_trace_feed.py tests/test_native_parity.py tests/test_host_lock.py \
+  tests/test_sanitizer_reports.py tests/test_gpu_bad_inputs.py "$@" > "$OUT/gpu_tests.log" 2>&1
+echo "tests rc=$? $((SECONDS-T0)) s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30; tail -2 "$OUT/gpu_tests.log"
