@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAM = textwrap.dedent("""
     import sys
-    sys.path.insert(0, "tools")
+    sys.path.insert(0, sys.argv[2])
     import torch
     import diag_chain_parts as diag
     from npu_lifetime import simdevice as sd
@@ -25,28 +25,34 @@ PROGRAM = textwrap.dedent("""
         a.add_(1)
     b = a * 2  # the default stream reads a without waiting for side's write
     findings = dispatch._active[0].flush()
-    print(native.in_use()["dispatch"], sorted({f.kind for f in findings}))
+    races = [f for f in findings if f.kind == "data_race"]
+    where = sorted({f.access.site.frames[0][0].co_filename.rsplit("/", 1)[-1] for f in races})
+    print(native.in_use()["dispatch"], sorted({f.kind for f in findings}), where)
 """)
 
 
-def _kinds(part: str) -> str:
-    done = subprocess.run([sys.executable, "-c", PROGRAM, part], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+def _kinds(part: str, tmp_path: Path) -> str:
+    program = tmp_path / "racy.py"
+    program.write_text(PROGRAM)
+    done = subprocess.run([sys.executable, str(program), part, str(ROOT / "tools")], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_the_whole_sanitizer_and_a_fixed_site_find_the_race():
-    for part in ("lifetime", "fixed-site"):
-        line = _kinds(part)
-        if not line.startswith("True"):
-            pytest.skip("the native dispatch path is not built")
-        assert "data_race" in line, (part, line)
+@pytest.mark.parametrize("part, site", [("lifetime", "racy.py"), ("fixed-site", "diag_chain_parts.py")])
+def test_the_whole_sanitizer_and_a_fixed_site_find_the_race_at_their_sites(part, site, tmp_path):
+    """The fixed site is the tool's own line, so the native path did take the
+    constant (an op sent to the Python body would capture the program's)."""
+    line = _kinds(part, tmp_path)
+    if not line.startswith("True"):
+        pytest.skip("the native dispatch path is not built")
+    assert "data_race" in line and line.endswith(f"['{site}']"), (part, line)
 
 
 @pytest.mark.parametrize("part", ["no-feed", "no-access"])
-def test_parts_that_switch_the_model_off_find_nothing(part):
-    line = _kinds(part)
+def test_parts_that_switch_the_model_off_find_nothing(part, tmp_path):
+    line = _kinds(part, tmp_path)
     if not line.startswith("True"):
         pytest.skip("the native dispatch path is not built")
-    assert line.endswith("[]"), (part, line)
+    assert line.endswith("[] []"), (part, line)

@@ -70,7 +70,7 @@ def test_an_in_place_op_on_a_tensor_subclass_under_the_sanitizer():
     assert done.returncode == 0 and "ok" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
-def _replay_failure(monkeypatch, body: bool):
+def _replay_failure(monkeypatch, body: bool, op=None):
     """An op that raises, then replaying its held events raises too: what reaches the program."""
     import torch
 
@@ -86,7 +86,10 @@ def _replay_failure(monkeypatch, body: bool):
     a, wrong = torch.ones(8), torch.ones(3)
     with LifetimeSanitizer("sim", on_race="collect"):
         with pytest.raises(BaseException) as raised:
-            a.add_(wrong)  # a size mismatch: torch sets the error from C++, not normalized on 3.11
+            if op is None:
+                a.add_(wrong)  # a size mismatch: torch sets the error from C++, not normalized on 3.11
+            else:
+                op(a, wrong)
     error = raised.value
     context = error.__context__
     return type(error), type(context), getattr(context, "__traceback__", None) is not None
@@ -99,23 +102,53 @@ def test_a_failing_replay_after_a_failing_op_raises_as_the_body_does(monkeypatch
     assert body_result == (KeyError, RuntimeError, True)
     # the same chain; the native path calls the op's C++ binding (dispatch._op_binding), so torch's
     # error has no Python frame to carry a traceback (the body's has OpOverload.__call__'s)
-    assert native_result[:2] == body_result[:2]
+    assert native_result == (KeyError, RuntimeError, False)
+
+
+def test_a_failing_replay_after_an_op_failing_in_python_keeps_its_traceback_as_the_body_does(monkeypatch):
+    """An op whose kernel is Python raises with a traceback: the native path keeps it."""
+    import torch
+
+    @torch.library.custom_op("npl_edges::fails", mutates_args=("x",))
+    def fails(x: torch.Tensor) -> None:
+        raise RuntimeError("the kernel failed")
+
+    def failure(body: bool):
+        return _replay_failure(monkeypatch, body, op=lambda a, wrong: torch.ops.npl_edges.fails(a))
+
+    native_result = failure(body=False)
+    monkeypatch.undo()
+    assert native_result == failure(body=True) == (KeyError, RuntimeError, True)
 
 
 def test_the_native_path_runs_an_op_by_its_binding_only_where_call_just_forwards(monkeypatch):
     import torch
 
+    from npu_lifetime.sanitizer import LifetimeSanitizer, native
     from npu_lifetime.sanitizer.dispatch import _op_binding
 
     add = torch.ops.aten.add.Tensor
     assert _op_binding(add) is add._op  # torch's __call__ is `return self._op(*args, **kwargs)`
+    assert _op_binding(torch.ops.higher_order.cond) is torch.ops.higher_order.cond  # not an OpOverload
+    a = torch.ones(2)
+    with LifetimeSanitizer("sim", on_race="collect"):
+        a.add_(1)  # aten.add_.Tensor planned, its binding chosen, before any patch
+    calls = []
 
     def counting_call(self, /, *args, **kwargs):  # a __call__ that does more than forward
         calls.append(self)
         return self._op(*args, **kwargs)
 
-    calls = []
+    def reversing_call(self, /, *args, **kwargs):  # the same names, other bytecode
+        return self._op(*args[::-1], **kwargs)
+
+    monkeypatch.setattr(torch._ops.OpOverload, "__call__", reversing_call)
+    assert _op_binding(add) is add
     monkeypatch.setattr(torch._ops.OpOverload, "__call__", counting_call)
     assert _op_binding(add) is add  # not bypassed: its own __call__ runs
-    assert add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0] and calls == [add]
-    assert _op_binding(torch.ops.higher_order.cond) is torch.ops.higher_order.cond  # not an OpOverload
+    with LifetimeSanitizer("sim", on_race="collect"):
+        a.add_(1)  # planned before the patch: the patched __call__ runs all the same
+        a.mul_(2)  # planned after it
+    if native.dispatch is not None:
+        assert calls == [torch.ops.aten.add_.Tensor, torch.ops.aten.mul_.Tensor], calls
+    assert a.tolist() == [6.0, 6.0]

@@ -3,7 +3,10 @@
 processes, each timing a baseline (nothing installed) and then one part
 switched on, rounds alternating; printed as each part's paired overhead in
 us/op (its median run minus the same process's median baseline run).
-Diagnostic only: parts with something switched off give no verdicts.
+Diagnostic only: parts with something switched off give no verdicts, and
+"switched off" holds for the ops the native dispatch path runs (ops sent to
+the Python body, the first op on a new stream and ops that issue device
+events inside still feed the model).
 
   trace        torch's GPU trace layer alone (activated, no subscriber)
   empty-mode   an empty TorchDispatchMode (torch's dispatch floor)
@@ -37,8 +40,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 PARTS = ("trace", "empty-mode", "empty-mode-op", "no-mode", "no-mode-events-off", "no-mode-storage-off", "lifetime",
          "no-feed", "no-access", "fixed-site")
 S_CAPTURE, S_FEED, S_ACCESS = 7, 20, 25  # _dispatch.c's state layout
-EVENT_BODIES = ("on_event_created", "on_event_deleted", "on_event_record", "on_event_wait", "on_event_sync",
-                "on_stream_sync", "on_device_sync", "on_wait_stream")
+EVENT_BODIES = ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record", "on_event_wait",
+                "on_event_sync", "on_current_stream_waits", "on_stream_sync", "on_device_sync", "on_wait_stream")
 
 
 def _patch_state(index: int, value) -> None:

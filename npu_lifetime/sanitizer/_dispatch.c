@@ -32,7 +32,9 @@
  *   21 storages.live, 22 storages.sizeless, 23 _first_sight, 24 model.set_size, 25 model.access,
  *   26 _findings.add, 27 _announce_races,
  *   28 binding(func) -> what runs the op (dispatch._op_binding: the op's C++ binding where
- *      OpOverload.__call__ only forwards to it, which saves its Python frame per op)
+ *      OpOverload.__call__ only forwards to it, which saves its Python frame per op),
+ *   29 forwarder: that __call__ (or None); an op is run by its binding only while its class's
+ *      __call__ is still this one (a __call__ patched after the op's first sight is run)
  *
  * Dynamo: torch wraps a mode's __torch_dispatch__ so that Dynamo never
  * compiles it (torch._disable_dynamo sets the thread's eval-frame callback
@@ -48,7 +50,7 @@ enum {
     S_SANITIZER, S_BACKEND, S_TRACKED, S_OP_DEVICE, S_BEFORE, S_INSIDE, S_DEPTH, S_CAPTURE, S_OP_FRAME,
     S_ON_THREAD, S_REPLAY_HELD, S_FEED_HELD, S_WRITTEN_STORAGES, S_SCAN_OP, S_PLAN, S_LIFETIME_OPS, S_GUARDS,
     S_STREAM_HANDLE, S_LOCK, S_HAS_STREAM, S_FEED, S_LIVE, S_SIZELESS, S_FIRST_SIGHT, S_SET_SIZE, S_ACCESS,
-    S_FINDINGS_ADD, S_ANNOUNCE, S_BINDING, S_SIZE
+    S_FINDINGS_ADD, S_ANNOUNCE, S_BINDING, S_FORWARDER, S_SIZE
 };
 
 /* A plan entry, per op (cached by the op's address, the op kept alive):
@@ -61,7 +63,7 @@ static PyObject *common_state; /* a state tuple, or NULL: every op to the body *
 static PyObject *plan_entries; /* {id(func): entry} */
 static PyObject *str_frame, *str_held, *str_site, *str_device_index, *str_current_stream, *str_apply_accesses,
     *str_touches_data, *str_resizes, *str_collective, *str_training, *str_arguments, *str_by_name,
-    *str_fresh_returns, *str_allocates_only, *str_writes, *str_name, *str_enter, *str_exit;
+    *str_fresh_returns, *str_allocates_only, *str_writes, *str_name, *str_enter, *str_exit, *str_call;
 
 /* hub.OpFrame, native: the op being dispatched on a thread, its site and
  * the device events it issued (held until its accesses are known). */
@@ -165,10 +167,11 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
     PyObject *training = PyObject_GetAttr(plan, str_training);
     PyObject *arguments = PyObject_GetAttr(plan, str_arguments), *by_name = PyObject_GetAttr(plan, str_by_name),
              *fresh = PyObject_GetAttr(plan, str_fresh_returns), *name = PyObject_GetAttr(plan, str_name);
-    PyObject *call = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_BINDING), func);
+    PyObject *call = NULL;
     entry = NULL;
     if (touches >= 0 && resizes >= 0 && collective >= 0 && allocates_only >= 0 && writes >= 0 && training &&
-        arguments && by_name && fresh && name && call) {
+        arguments && by_name && fresh && name &&
+        (call = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_BINDING), func)) != NULL) {
         long kind = (resizes || collective || training != Py_None) ? KIND_BODY : touches ? KIND_COMMON : KIND_NO_DATA;
         entry = Py_BuildValue("(OlOOOOOOOO)", func, kind, plan, arguments, by_name, fresh,
                               allocates_only ? Py_False : Py_True, writes ? Py_True : Py_False, name, call);
@@ -190,6 +193,18 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
 fail:
     Py_DECREF(key);
     return NULL;
+}
+
+/* What runs the op: its entry's binding while its class's __call__ is still
+ * the forwarder that binding was chosen for, else func itself (borrowed). */
+static PyObject *op_call(PyObject *state, PyObject *entry, PyObject *func) {
+    PyObject *call = PyTuple_GET_ITEM(entry, P_CALL);
+    if (call == func) return func;
+    PyObject *now = PyObject_GetAttr((PyObject *)Py_TYPE(func), str_call);
+    int same = now != NULL && now == PyTuple_GET_ITEM(state, S_FORWARDER);
+    Py_XDECREF(now);
+    PyErr_Clear();
+    return same ? call : func;
 }
 
 static int call_each(PyObject *hooks, PyObject *const *args, size_t nargs) {
@@ -386,7 +401,7 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
         Py_SETREF(written_before, PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_WRITTEN_STORAGES), call, 3, NULL));
         if (written_before == NULL) goto done;
     }
-    outputs = run_op(state, frame, func, PyTuple_GET_ITEM(entry, P_CALL), args, kwargs);
+    outputs = run_op(state, frame, func, op_call(state, entry, func), args, kwargs);
     if (outputs == NULL) goto done;
     held = PyObject_GetAttr(frame, str_held);
     int any_held = held == NULL ? -1 : PyObject_IsTrue(held);
@@ -423,7 +438,7 @@ static PyObject *try_op(PyObject *state, PyObject *func, PyObject *args, PyObjec
     Py_INCREF(entry); /* a plan cache change during the op must not free it */
     PyObject *result = NULL;
     if (call_each(PyTuple_GET_ITEM(state, S_BEFORE), NULL, 0) == 0)
-        result = kind == KIND_NO_DATA ? PyObject_Call(PyTuple_GET_ITEM(entry, P_CALL), args, kwargs)
+        result = kind == KIND_NO_DATA ? PyObject_Call(op_call(state, entry, func), args, kwargs)
                                       : common_op(state, entry, func, args, kwargs);
     Py_DECREF(entry);
     return result;
@@ -539,7 +554,7 @@ PyMODINIT_FUNC PyInit__dispatch(void) {
         !INTERN(str_training, "training") || !INTERN(str_arguments, "arguments") ||
         !INTERN(str_by_name, "by_name") || !INTERN(str_fresh_returns, "fresh_returns") ||
         !INTERN(str_allocates_only, "allocates_only") || !INTERN(str_writes, "writes") || !INTERN(str_name, "name") ||
-        !INTERN(str_enter, "__enter__") || !INTERN(str_exit, "__exit__"))
+        !INTERN(str_enter, "__enter__") || !INTERN(str_exit, "__exit__") || !INTERN(str_call, "__call__"))
         return NULL;
     if (PyType_Ready(&OpFrameType) < 0) return NULL;
     PyObject *made = PyModule_Create(&module);

@@ -188,7 +188,30 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
     return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
             tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
             on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, _PLAN,
-            _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer), _op_binding)
+            _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer), _op_binding,
+            _op_forwarder())
+
+
+def _forwarding_call(self, /, *args, **kwargs):
+    return self._op(*args, **kwargs)
+
+
+def _only_forwards(call) -> bool:
+    """``call`` is torch's ``OpOverload.__call__`` as it is written today:
+    ``return self._op(*args, **kwargs)`` and nothing else (the same
+    bytecode and names as ``_forwarding_call``, compiled by this
+    interpreter)."""
+    code, mine = getattr(call, "__code__", None), _forwarding_call.__code__
+    return code is not None and (code.co_code, code.co_names, code.co_varnames) == (
+        mine.co_code, mine.co_names, mine.co_varnames)
+
+
+def _op_forwarder():
+    """``OpOverload.__call__`` when it only forwards to the op's C++ binding,
+    else None.  _dispatch.c compares it with the class's ``__call__`` before
+    each op it runs by the binding: a ``__call__`` patched later is run."""
+    call = getattr(torch._ops.OpOverload, "__call__", None)
+    return call if _only_forwards(call) else None
 
 
 def _op_binding(func):
@@ -196,10 +219,7 @@ def _op_binding(func):
     ``OpOverload`` whose ``__call__`` only forwards to it (torch's
     ``return self._op(*args, **kwargs)``), which saves that Python frame on
     every op; else ``func`` itself."""
-    forwarder = getattr(torch._ops.OpOverload, "__call__", None)
-    code = getattr(forwarder, "__code__", None)
-    if (type(func) is torch._ops.OpOverload and code is not None and code.co_names == ("_op",)
-            and callable(getattr(func, "_op", None))):
+    if type(func) is torch._ops.OpOverload and _op_forwarder() is not None and callable(getattr(func, "_op", None)):
         return func._op
     return func
 
