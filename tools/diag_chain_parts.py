@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from variants import at_least_one  # noqa: E402
 
 PARTS = ("trace", "empty-mode", "empty-mode-op", "no-mode", "no-mode-events-off", "no-mode-storage-off", "lifetime",
          "no-feed", "no-access", "fixed-site")
@@ -139,9 +140,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child")
     parser.add_argument("--device", choices=["cuda", "sim"], default="cuda")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=at_least_one, default=3)
+    parser.add_argument("--steps", type=at_least_one, default=200)
+    parser.add_argument("--repeats", type=at_least_one, default=5)
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--shim", action="store_true", help="the shim installed in every child (CUDA only)")
     args = parser.parse_args()
