@@ -171,7 +171,7 @@ class Names:
     def __call__(self, key) -> str:
         """A stream in prose: the backend's description and its variable."""
         text = self.backend.describe(key)
-        code = self._streams.get(key) or (self.stream_code(key) if key[1] != 0 else None)
+        code = self.stream_code(key) if key[1] != 0 else self._streams.get(key)  # handle 0: the text says default
         return f"{text} (`{code}`)" if code else text
 
     def stream_code(self, key) -> Optional[str]:

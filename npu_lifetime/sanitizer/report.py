@@ -66,6 +66,13 @@ def _storages(info: GroupInfo, name, site_of) -> list:
     return [f"  on {info.distinct} distinct storages: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")]
 
 
+def _placeholder_note(*streams: str) -> list:
+    """What a ``<...>`` stream in a fix stands for, when one of ``streams`` is one."""
+    if any(s.startswith("<") for s in streams):
+        return ["    (<...>: that stream object; no line of the program that made it was seen)"]
+    return []
+
+
 def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
     """Fixes for an uncovered free that run on the device, with the
     program's own names for the tensor and the streams."""
@@ -87,9 +94,7 @@ def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
         lines.append(f"    before the free{at_free}:  {a}.wait_stream({u})")
     if not known:
         lines.append(f"    ({tensor}: {name.tensor_prose(f.alloc_site)})")
-    if u.startswith("<") or a.startswith("<"):
-        lines.append("    (<...>: that stream object; no line of the program that made it was seen)")
-    return lines
+    return lines + _placeholder_note(u, a)
 
 
 def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
@@ -134,9 +139,7 @@ def _race_fix(f: DataRace, name) -> list:
     lines = [f"  fix: {where}:  {waiter}.wait_stream({waitee})",
              f"    (or an event recorded on {waitee} after the {prior.verb} and waited on by {waiter}; "
              "record_stream/record_use do not order accesses)"]
-    if waiter.startswith("<") or waitee.startswith("<"):
-        lines.append("    (<...>: that stream object; no line of the program that made it was seen)")
-    return lines
+    return lines + _placeholder_note(waiter, waitee)
 
 
 def _race(f: DataRace, name: Namer, info: GroupInfo) -> list:
