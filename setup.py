@@ -52,12 +52,17 @@ OPTIONAL_EXTENSIONS = [
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's allocations and frees into its storage table and model (npu_lifetime/sanitizer/storages.py)
     Extension("npu_lifetime.sanitizer._storage_feed", sources=["npu_lifetime/sanitizer/_storage_feed.c"],
+              depends=["npu_lifetime/sanitizer/host_entry.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the device allocation trace's delivery to the sanitizers (npu_lifetime/sanitizer/backends.py)
     Extension("npu_lifetime.sanitizer._trace_hook", sources=["npu_lifetime/sanitizer/_trace_hook.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # device events' delivery to the sanitizers, or to the op in progress (npu_lifetime/sanitizer/hub.py)
     Extension("npu_lifetime.sanitizer._event_hook", sources=["npu_lifetime/sanitizer/_event_hook.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # the sanitizer's device-event handlers, into its model (npu_lifetime/sanitizer/sanitizer.py)
+    Extension("npu_lifetime.sanitizer._event_feed", sources=["npu_lifetime/sanitizer/_event_feed.c"],
+              depends=["npu_lifetime/sanitizer/host_entry.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/sanitizer.py, _HostLock)
     Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_host_lock.c"],

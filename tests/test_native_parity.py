@@ -69,6 +69,7 @@ def _python_only(monkeypatch) -> None:
     monkeypatch.setattr(native, "storage_feed", None)
     monkeypatch.setattr(native, "trace_hook", None)
     monkeypatch.setattr(native, "host_lock", None)
+    monkeypatch.setattr(native, "event_feed", None)
     monkeypatch.setattr(native, "event_hook", None)  # hubs' subscribers made from now on (the sim's listener
     # is made once per process: tests/test_event_hook.py compares its two paths)
     monkeypatch.setattr(accesses, "_native_scan", None)
@@ -82,7 +83,7 @@ def test_random_programs_get_the_same_findings_both_ways(steps):
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert native.in_use() == {"frames": True, "scan": True, "feed": True, "dispatch": True, "storage_feed": True,
                                    "trace_hook": True, "host_lock": True, "event_hook": True,
-                                   "model": True}
+                                   "event_feed": True, "model": True}
         with_native = run_program(steps)
         _python_only(monkeypatch)
         assert native.model_class() is lifetime.LifetimeModel

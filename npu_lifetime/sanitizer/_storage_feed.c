@@ -28,9 +28,7 @@
  *          in the shim hooks' calling convention (hooks.py subscribes them
  *          directly, so an allocation or free runs no Python frame).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <pythread.h>
+#include "host_entry.h"
 
 typedef struct {
     PyObject_HEAD
@@ -44,49 +42,13 @@ typedef struct {
     X(sanitizer) X(acquire) X(release) X(shim) X(live) X(sizeless) X(ids) X(blocks_before) X(allocate) X(free) \
         X(has_stream) X(stream) X(on_thread) X(capture)
 
-static PyObject *str_host, *str_set_host, *str_connected, *str_frame, *str_site;
+static PyObject *str_connected, *str_frame, *str_site;
 
-/* -- the lock: the sanitizer's, entered as _HostLock.__enter__ does -------------------------------- */
+/* -- the lock: the sanitizer's, entered as _HostLock.__enter__ does (host_entry.h) ------------------ */
 
-static int enter(StorageFeed *f) {
-    PyObject *held = PyObject_CallNoArgs(f->acquire);
-    if (held == NULL) return -1;
-    Py_DECREF(held);
-    PyObject *host = PyObject_GetAttr(f->sanitizer, str_host);
-    if (host == NULL) goto failed;
-    unsigned long ident = PyLong_AsUnsignedLong(host);
-    Py_DECREF(host);
-    if (ident == (unsigned long)-1 && PyErr_Occurred()) goto failed;
-    if (ident != PyThread_get_thread_ident()) {
-        PyObject *done = PyObject_CallMethodNoArgs(f->sanitizer, str_set_host);
-        if (done == NULL) goto failed;
-        Py_DECREF(done);
-    }
-    return 0;
-failed:;
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    Py_XDECREF(PyObject_CallNoArgs(f->release));
-    PyErr_Restore(type, value, trace);
-    return -1;
-}
+static int enter(StorageFeed *f) { return host_enter(f->acquire, f->release, f->sanitizer); }
 
-/* Releases the lock; returns result, or NULL if the release failed. */
-static PyObject *leave(StorageFeed *f, PyObject *result) {
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    PyObject *done = PyObject_CallNoArgs(f->release);
-    if (done == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(trace);
-        return NULL;
-    }
-    Py_DECREF(done);
-    PyErr_Restore(type, value, trace);
-    return result;
-}
+static PyObject *leave(StorageFeed *f, PyObject *result) { return host_leave(f->release, result); }
 
 /* -- sites ------------------------------------------------------------------------------------------ */
 
@@ -131,17 +93,7 @@ static PyObject *pop(PyObject *dict, PyObject *key) {
 }
 
 /* sanitizer._stream(key): a stream the model lacks is created. */
-static int ensure_stream(StorageFeed *f, PyObject *key) {
-    PyObject *has = PyObject_CallOneArg(f->has_stream, key);
-    if (has == NULL) return -1;
-    int known = PyObject_IsTrue(has);
-    Py_DECREF(has);
-    if (known != 0) return known < 0 ? -1 : 0;
-    PyObject *made = PyObject_CallOneArg(f->stream, key);
-    if (made == NULL) return -1;
-    Py_DECREF(made);
-    return 0;
-}
+static int ensure_stream(StorageFeed *f, PyObject *key) { return host_ensure_stream(f->has_stream, f->stream, key); }
 
 /* StorageTable.allocate(address, size, key, site): a new reference to the storage id. */
 static PyObject *table_allocate(StorageFeed *f, PyObject *address, PyObject *size, PyObject *key, PyObject *site) {
@@ -376,12 +328,10 @@ static PyTypeObject StorageFeedType = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_storage_feed", NULL, -1, NULL, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__storage_feed(void) {
-    str_host = PyUnicode_InternFromString("_host");
-    str_set_host = PyUnicode_InternFromString("_set_host");
     str_connected = PyUnicode_InternFromString("connected");
     str_frame = PyUnicode_InternFromString("frame");
     str_site = PyUnicode_InternFromString("site");
-    if (!str_host || !str_set_host || !str_connected || !str_frame || !str_site) return NULL;
+    if (host_entry_init() < 0 || !str_connected || !str_frame || !str_site) return NULL;
     if (PyType_Ready(&StorageFeedType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -11,6 +11,9 @@ equivalent that stays the fallback and the reference it is tested against:
   which runs the common op itself (``dispatch.py``'s ``_Mode``);
 - ``storage_feed`` (_storage_feed.c): an allocation or free into the
   storage table and the model (``sanitizer.py``, ``storages.py``);
+- ``event_feed`` (_event_feed.c): device events into the model, the
+  sanitizer's ``on_event_*``, ``on_wait_stream`` and ``on_*_sync`` handlers
+  (``sanitizer.py``);
 - ``host_lock`` (_host_lock.c): the sanitizer's lock (``sanitizer.py``,
   ``_HostLock``);
 - ``trace_hook`` (_trace_hook.c): the device allocation trace's delivery to
@@ -42,6 +45,7 @@ storage_feed = _load("_storage_feed")
 trace_hook = _load("_trace_hook")
 host_lock = _load("_host_lock")
 event_hook = _load("_event_hook")
+event_feed = _load("_event_feed")
 
 
 def model_class() -> type:
@@ -62,4 +66,5 @@ def in_use() -> dict:
     return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None, "dispatch": dispatch is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
             "host_lock": host_lock is not None, "event_hook": event_hook is not None,
+            "event_feed": event_feed is not None,
             "model": model_class().__module__.endswith("_native_model")}

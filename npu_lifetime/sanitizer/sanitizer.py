@@ -16,6 +16,7 @@ import threading
 import warnings
 import weakref
 from _thread import RLock, get_ident
+from functools import partial
 from typing import Optional
 
 import torch
@@ -155,6 +156,7 @@ class LifetimeSanitizer:
         self._storage_feed = self._native_storage_feed()
         if self._storage_feed is not None:  # the trace's allocations and frees in one C call each
             self._trace_alloc, self._trace_free = self._storage_feed.trace_alloc, self._storage_feed.trace_free
+        self._use_native_event_feed()
 
     def _native_storage_feed(self):
         """_storage_feed.c's StorageFeed over this sanitizer's storage table
@@ -162,8 +164,6 @@ class LifetimeSanitizer:
         ``_trace_free`` in C); None where it was not built."""
         if native.storage_feed is None:
             return None
-        from functools import partial
-
         storages, model = self.storages, self.model
         walk = sites._native_frames  # skip counts from the innermost Python frame, the program's here
         capture = partial(walk.capture, self.stack_depth, 0) if walk is not None \
@@ -171,6 +171,21 @@ class LifetimeSanitizer:
         return native.storage_feed.StorageFeed(
             self, self._lock, self._shim, storages.live, storages.sizeless, storages._ids, storages._blocks_before,
             model.allocate, model.free, model.has_stream, self._stream, on_thread, capture)
+
+    _NATIVE_EVENT_HANDLERS = ("on_event_created", "on_event_deleted", "on_event_record", "on_event_wait",
+                              "on_wait_stream", "on_stream_sync", "on_device_sync")
+
+    def _use_native_event_feed(self) -> None:
+        """The device-event handlers in C (_event_feed.c), set as this
+        sanitizer's own attributes over the methods below, which stay the
+        reference; nothing where it was not built."""
+        if native.event_feed is None:
+            return
+        feed = native.event_feed.EventFeed(self, self._lock, self._known_events, self.model, self._stream,
+                                           partial(self._sync_site, skip=3), self._keep,
+                                           LifetimeSanitizer.on_event_wait)
+        for name in self._NATIVE_EVENT_HANDLERS:
+            setattr(self, name, getattr(feed, name))
 
     # -- enabling ---------------------------------------------------------------
     def enable(self) -> "LifetimeSanitizer":
@@ -510,10 +525,12 @@ class LifetimeSanitizer:
         with self._lock:
             self.model.synchronize_device(device, site=self._sync_site)
 
-    def _sync_site(self):
-        """Where the host waited (asked only when a latent free's reason needs it)."""
+    def _sync_site(self, skip: int = 4):
+        """Where the host waited (asked only when a latent free's reason
+        needs it); ``skip``: the frames above the capture's caller to skip,
+        this frame and the ``on_*`` handler's (3 for a handler in C)."""
         frame = on_thread.frame
-        return frame.site if frame is not None else sites.capture(self.stack_depth, skip=4)
+        return frame.site if frame is not None else sites.capture(self.stack_depth, skip=skip)
 
     def on_wait_stream(self, waiter, waitee) -> None:
         with self._lock:
