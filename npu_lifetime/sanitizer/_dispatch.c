@@ -90,10 +90,7 @@ static void frame_dealloc(OpFrameObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *frame_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *site;
-    static char *names[] = {"site", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:OpFrame", names, &site)) return NULL;
+static PyObject *frame_make(PyTypeObject *type, PyObject *site) {
     PyObject *held = PyList_New(0);
     OpFrameObject *self = held == NULL ? NULL : (OpFrameObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
@@ -103,6 +100,13 @@ static PyObject *frame_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->site = Py_NewRef(site);
     self->held = held;
     return (PyObject *)self;
+}
+
+static PyObject *frame_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *site;
+    static char *names[] = {"site", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:OpFrame", names, &site)) return NULL;
+    return frame_make(type, site);
 }
 
 static PyMemberDef frame_members[] = {
@@ -392,7 +396,10 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
     if (capture_args[1] == NULL) return NULL;
     PyObject *site = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_CAPTURE), capture_args, 2, NULL);
     Py_DECREF(capture_args[1]);
-    PyObject *frame = site == NULL ? NULL : PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_OP_FRAME), site);
+    PyObject *frame_class = PyTuple_GET_ITEM(state, S_OP_FRAME); /* this file's OpFrame: made with no argument parsing */
+    PyObject *frame = site == NULL                                  ? NULL
+                      : frame_class == (PyObject *)&OpFrameType ? frame_make(&OpFrameType, site)
+                                                                  : PyObject_CallOneArg(frame_class, site);
     Py_XDECREF(site);
     if (frame == NULL) return NULL;
     PyObject *written_before = Py_NewRef(Py_None), *outputs = NULL, *held = NULL;
