@@ -3,42 +3,43 @@
  * device's synchronisation, into one sanitizer's lifetime model in one C
  * call, without the Python frames of sanitizer.py's on_event_created,
  * on_event_deleted, on_event_record, on_event_wait, on_wait_stream,
- * on_stream_sync and on_device_sync (each, with its `with self._lock:` and
- * self._stream(key), the reference this file follows line by line).  The
+ * on_stream_sync and on_device_sync.  Those stay the reference: the same
+ * model calls with the same arguments, in the same order, under the lock,
+ * with stream keys made known as self._stream(key) does; _keep is called
+ * only when the model found something (it does nothing otherwise).  The
  * sanitizer sets these methods as its own attributes, so every delivery
  * (_event_hook.c, Hub.event, an op's held events) reaches them.
  *
- * EventFeed(sanitizer, lock, known, model, stream, sync_site, keep, wait_python)
- *   sanitizer:   its _host and _set_host() (host_entry.h)
- *   lock:        the sanitizer's lock (acquire / release)
- *   known:       sanitizer._known_events (a set)
- *   model:       the lifetime model; its methods are looked up once, here
- *   stream:      sanitizer._stream(key): creates a stream the model lacks
- *   sync_site:   sanitizer._sync_site, handed to the model as the lazy site
- *   keep:        sanitizer._keep(found), called only when the model found anything
- *   wait_python: LifetimeSanitizer.on_event_wait, called (lock held) for a
- *                wait on a known event not recorded yet: its finding needs a
- *                site captured here, which the Python body does
+ * EventFeed(sanitizer, lock, known, model, stream, sync_site, keep)
+ *   sanitizer: its _host and _set_host() (host_entry.h)
+ *   lock:      the sanitizer's RLock (acquire / release; the host check is here)
+ *   known:     sanitizer._known_events (a set)
+ *   model:     the lifetime model; its methods are looked up once, here
+ *   stream:    sanitizer._stream(key): creates a stream the model lacks
+ *   sync_site: sanitizer._sync_site for a caller with no frame, the model's lazy site
+ *   keep:      sanitizer._keep(found)
  */
 #include "host_entry.h"
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *sanitizer, *acquire, *release, *known, *stream, *sync_site, *keep, *wait_python;
-    PyObject *has_stream, *create_event, *delete_event, *record_event, *event_recorded, *wait_event, *wait_stream,
-        *synchronize_stream, *synchronize_device;
-} EventFeed;
-
-#define EVENT_FEED_FIELDS(X)                                                                                    \
-    X(sanitizer) X(acquire) X(release) X(known) X(stream) X(sync_site) X(keep) X(wait_python) X(has_stream)      \
-        X(create_event) X(delete_event) X(record_event) X(event_recorded) X(wait_event) X(wait_stream)           \
-            X(synchronize_stream) X(synchronize_device)
-
 #define MODEL_METHODS(X)                                                                                        \
-    X(has_stream) X(create_event) X(delete_event) X(record_event) X(event_recorded) X(wait_event) X(wait_stream) \
+    X(has_stream) X(create_event) X(delete_event) X(record_event) X(wait_event) X(wait_stream)                   \
         X(synchronize_stream) X(synchronize_device)
 
-static int enter(EventFeed *f) { return host_enter(f->acquire, f->release, f->sanitizer); }
+#define EVENT_FEED_FIELDS(X) X(sanitizer) X(acquire) X(release) X(known) X(stream) X(sync_site) X(keep) MODEL_METHODS(X)
+
+#define DECLARE(name) PyObject *name;
+typedef struct {
+    PyObject_HEAD EVENT_FEED_FIELDS(DECLARE)
+} EventFeed;
+#undef DECLARE
+
+static int enter(EventFeed *f) {
+    if (f->known == NULL) { /* EventFeed.__new__ without __init__ */
+        PyErr_SetString(PyExc_TypeError, "this EventFeed was not initialised");
+        return -1;
+    }
+    return host_enter(f->acquire, f->release, f->sanitizer);
+}
 
 static PyObject *leave(EventFeed *f, PyObject *result) { return host_leave(f->release, result); }
 
@@ -91,17 +92,9 @@ static PyObject *m_on_event_record(EventFeed *f, PyObject *const *args, Py_ssize
     return done(f, failed);
 }
 
-/* A known event recorded: the model's wait, its findings kept. Else (not recorded): the Python body. */
+/* A known event: the model's wait, its findings kept (a wait on an event not recorded yet is one, dropped by _keep). */
 static int wait_known(EventFeed *f, PyObject *event, PyObject *key) {
     if (ensure_stream(f, key) < 0) return -1;
-    PyObject *recorded = PyObject_CallOneArg(f->event_recorded, event);
-    int yes = recorded == NULL ? -1 : PyObject_IsTrue(recorded);
-    Py_XDECREF(recorded);
-    if (yes < 0) return -1;
-    if (!yes) {
-        PyObject *call[3] = {f->sanitizer, event, key};
-        return call_dropped(f->wait_python, call, 3);
-    }
     PyObject *wait[2] = {key, event};
     return keep_found(f, PyObject_Vectorcall(f->wait_event, wait, 2, NULL));
 }
@@ -148,15 +141,15 @@ static PyMethodDef feed_methods[] = {
 /* -- the type --------------------------------------------------------------------------------------- */
 
 static int feed_init(EventFeed *f, PyObject *args, PyObject *kwds) {
-    PyObject *sanitizer, *lock, *known, *model, *stream, *sync_site, *keep_fn, *wait_python;
+    PyObject *sanitizer, *lock, *known, *model, *stream, *sync_site, *keep;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
         PyErr_SetString(PyExc_TypeError, "EventFeed takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOO!OOOOO:EventFeed", &sanitizer, &lock, &PySet_Type, &known, &model, &stream,
-                          &sync_site, &keep_fn, &wait_python))
+    if (!PyArg_ParseTuple(args, "OOO!OOOO:EventFeed", &sanitizer, &lock, &PySet_Type, &known, &model, &stream,
+                          &sync_site, &keep))
         return -1;
-    PyObject *acquire = NULL, *release = NULL, *keep = keep_fn;
+    PyObject *acquire = NULL, *release = NULL;
 #define LOOKUP(name) PyObject *name = NULL;
     MODEL_METHODS(LOOKUP)
 #undef LOOKUP

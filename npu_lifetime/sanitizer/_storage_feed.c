@@ -10,7 +10,7 @@
  *             allocate, free, has_stream, stream, on_thread, capture)
  *   sanitizer:     its _host (the thread the model names as host) and
  *                  _set_host(), called, lock held, when another thread calls
- *   lock:          the sanitizer's RLock (acquire / release)
+ *   lock:          the sanitizer's RLock (acquire / release; the host check is here)
  *   shim:          ShimLink: while connected, the trace's reports are skipped
  *   live, sizeless, ids, blocks_before: StorageTable's
  *   allocate, free, has_stream: the model's bound methods
@@ -47,6 +47,13 @@ static PyObject *str_connected, *str_frame, *str_site;
 /* -- the lock: the sanitizer's, entered as _HostLock.__enter__ does (host_entry.h) ------------------ */
 
 static int enter(StorageFeed *f) { return host_enter(f->acquire, f->release, f->sanitizer); }
+
+/* 0, or -1 with a TypeError for a StorageFeed made by __new__ without __init__ (each method asks first). */
+static int uninitialised(StorageFeed *f) {
+    if (f->live != NULL) return 0;
+    PyErr_SetString(PyExc_TypeError, "this StorageFeed was not initialised");
+    return -1;
+}
 
 static PyObject *leave(StorageFeed *f, PyObject *result) { return host_leave(f->release, result); }
 
@@ -190,6 +197,7 @@ static int shim_connected(StorageFeed *f) {
 }
 
 static PyObject *m_allocate(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(f) < 0) return NULL;
     if (nargs != 3 && nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "allocate(address, size, key[, site])");
         return NULL;
@@ -198,6 +206,7 @@ static PyObject *m_allocate(StorageFeed *f, PyObject *const *args, Py_ssize_t na
 }
 
 static PyObject *m_free(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(f) < 0) return NULL;
     if (nargs != 1 && nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "free(address[, sid])");
         return NULL;
@@ -206,6 +215,7 @@ static PyObject *m_free(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *m_trace_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(f) < 0) return NULL;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "trace_alloc(address, key)");
         return NULL;
@@ -221,12 +231,14 @@ static PyObject *m_trace_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t
 }
 
 static PyObject *m_trace_free(StorageFeed *f, PyObject *address) {
+    if (uninitialised(f) < 0) return NULL;
     int skip = shim_connected(f);
     if (skip != 0) return skip < 0 ? NULL : Py_NewRef(Py_None);
     return free_at(f, address, NULL);
 }
 
 static PyObject *m_shim_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(f) < 0) return NULL;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "shim_alloc(ptr, size, device, stream)");
         return NULL;
@@ -241,6 +253,8 @@ static PyObject *m_shim_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t 
 }
 
 static PyObject *m_shim_free(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(f) < 0) return NULL;
+    if (uninitialised(f) < 0) return NULL;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "shim_free(ptr, size, device, stream)");
         return NULL;

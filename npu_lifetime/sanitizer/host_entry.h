@@ -14,7 +14,7 @@
 
 static PyObject *host_entry_str_host, *host_entry_str_set_host;
 
-static int host_entry_init(void) {
+static inline int host_entry_init(void) {
     host_entry_str_host = PyUnicode_InternFromString("_host");
     host_entry_str_set_host = PyUnicode_InternFromString("_set_host");
     return host_entry_str_host != NULL && host_entry_str_set_host != NULL ? 0 : -1;
@@ -22,7 +22,7 @@ static int host_entry_init(void) {
 
 /* acquire(), then sanitizer._set_host() unless sanitizer._host is this thread;
  * 0, or -1 with an error and the lock released. */
-static int host_enter(PyObject *acquire, PyObject *release, PyObject *sanitizer) {
+static inline int host_enter(PyObject *acquire, PyObject *release, PyObject *sanitizer) {
     PyObject *held = PyObject_CallNoArgs(acquire);
     if (held == NULL) return -1;
     Py_DECREF(held);
@@ -46,7 +46,7 @@ failed:;
 }
 
 /* release(), keeping a pending error; returns result (stolen), or NULL if the release failed. */
-static PyObject *host_leave(PyObject *release, PyObject *result) {
+static inline PyObject *host_leave(PyObject *release, PyObject *result) {
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
     PyObject *done = PyObject_CallNoArgs(release);
@@ -63,7 +63,7 @@ static PyObject *host_leave(PyObject *release, PyObject *result) {
 }
 
 /* sanitizer._stream(key) with the lock held: stream(key) only when has_stream(key) is false. 0, or -1. */
-static int host_ensure_stream(PyObject *has_stream, PyObject *stream, PyObject *key) {
+static inline int host_ensure_stream(PyObject *has_stream, PyObject *stream, PyObject *key) {
     PyObject *has = PyObject_CallOneArg(has_stream, key);
     if (has == NULL) return -1;
     int known = PyObject_IsTrue(has);

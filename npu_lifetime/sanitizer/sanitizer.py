@@ -148,7 +148,10 @@ class LifetimeSanitizer:
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
         # the model's lock; entering it names the calling thread as the host (_host_lock.c: _HostLock in C)
-        self._lock = native.host_lock.HostLock(RLock(), self) if native.host_lock is not None else _HostLock(self)
+        rlock = RLock()
+        self._lock = native.host_lock.HostLock(rlock, self) if native.host_lock is not None else _HostLock(self)
+        # what the native feeds acquire and release (the host check is theirs): the RLock under the lock
+        self._rlock = rlock if native.host_lock is not None else self._lock
         self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
         self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
@@ -169,7 +172,7 @@ class LifetimeSanitizer:
         capture = partial(walk.capture, self.stack_depth, 0) if walk is not None \
             else partial(sites.capture, self.stack_depth, 1)
         return native.storage_feed.StorageFeed(
-            self, self._lock, self._shim, storages.live, storages.sizeless, storages._ids, storages._blocks_before,
+            self, self._rlock, self._shim, storages.live, storages.sizeless, storages._ids, storages._blocks_before,
             model.allocate, model.free, model.has_stream, self._stream, on_thread, capture)
 
     _NATIVE_EVENT_HANDLERS = ("on_event_created", "on_event_deleted", "on_event_record", "on_event_wait",
@@ -178,14 +181,17 @@ class LifetimeSanitizer:
     def _use_native_event_feed(self) -> None:
         """The device-event handlers in C (_event_feed.c), set as this
         sanitizer's own attributes over the methods below, which stay the
-        reference; nothing where it was not built."""
+        reference; nothing where it was not built.  A handler a subclass
+        overrides stays the subclass's.  The feed binds the model's
+        methods, ``_keep``, ``_stream`` and the lock now: a sanitizer that
+        replaces them calls this again."""
         if native.event_feed is None:
             return
-        feed = native.event_feed.EventFeed(self, self._lock, self._known_events, self.model, self._stream,
-                                           partial(self._sync_site, skip=3), self._keep,
-                                           LifetimeSanitizer.on_event_wait)
+        feed = native.event_feed.EventFeed(self, self._rlock, self._known_events, self.model, self._stream,
+                                           partial(self._sync_site, skip=2), self._keep)
         for name in self._NATIVE_EVENT_HANDLERS:
-            setattr(self, name, getattr(feed, name))
+            if getattr(type(self), name) is getattr(LifetimeSanitizer, name):
+                setattr(self, name, getattr(feed, name))
 
     # -- enabling ---------------------------------------------------------------
     def enable(self) -> "LifetimeSanitizer":
@@ -501,21 +507,16 @@ class LifetimeSanitizer:
     def on_event_wait(self, event, key) -> None:
         with self._lock:
             if event in self._known_events:  # else created and recorded before we were enabled
-                self._keep(self.model.wait_event(self._stream(key), event, site=self._wait_site(event)))
+                self._keep(self.model.wait_event(self._stream(key), event))  # unrecorded: _keep drops it, no site
 
     def on_event_sync(self, event) -> None:
         with self._lock:
             if event in self._known_events:
-                site = self._wait_site(event) if not self.model.event_recorded(event) else self._sync_site
-                self._keep(self.model.synchronize_event(event, site=site))
+                self._keep(self.model.synchronize_event(event, site=self._sync_site))
 
     def on_current_stream_waits(self, event) -> None:
         """The current stream waits for ``event`` (``Work.block_current_stream``)."""
         self.on_event_wait(event, self.backend.current_stream(self.backend.current_device()))
-
-    def _wait_site(self, event):
-        """A site only matters for the finding about an unrecorded event."""
-        return None if self.model.event_recorded(event) else self._site()
 
     def on_stream_sync(self, key) -> None:
         with self._lock:
@@ -525,10 +526,13 @@ class LifetimeSanitizer:
         with self._lock:
             self.model.synchronize_device(device, site=self._sync_site)
 
-    def _sync_site(self, skip: int = 4):
+    def _sync_site(self, skip: int = 3):
         """Where the host waited (asked only when a latent free's reason
-        needs it); ``skip``: the frames above the capture's caller to skip,
-        this frame and the ``on_*`` handler's (3 for a handler in C)."""
+        needs it).  ``skip``: the first frame the capture may name, counted
+        from its own (0): past this method (1) and the ``on_*`` handler
+        (2) that called the model, so the handler's caller (3; 2 for a
+        handler in C, which has no frame).  The walk passes over this
+        package's and torch's frames up to the program's."""
         frame = on_thread.frame
         return frame.site if frame is not None else sites.capture(self.stack_depth, skip=skip)
 
