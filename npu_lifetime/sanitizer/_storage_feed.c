@@ -254,7 +254,6 @@ static PyObject *m_shim_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t 
 
 static PyObject *m_shim_free(StorageFeed *f, PyObject *const *args, Py_ssize_t nargs) {
     if (uninitialised(f) < 0) return NULL;
-    if (uninitialised(f) < 0) return NULL;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "shim_free(ptr, size, device, stream)");
         return NULL;
