@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=at_least_one, default=7)
     parser.add_argument("--floor", action="store_true",
                         help="also time an empty TorchDispatchMode: torch's dispatch floor under any such sanitizer")
+    parser.add_argument("--torch-trace", action="store_true",
+                        help="also time the lifetime sanitizer with torch's own trace delivery instead of the GPU "
+                             "trace bridge (CUDA): what the bridge saves")
     args = parser.parse_args()
     if not args.child:
         args.device = _pick_device(parser, args.device)
@@ -87,7 +90,8 @@ def main() -> None:
         run_child(args.child, args.device, lambda: workload(dev, 20), lambda: workload(dev, args.steps), args.repeats)
         return
     alternate(__file__, args.device, args.rounds, ["--steps", str(args.steps), "--repeats", str(args.repeats)],
-              "3-stream hand-off chain", floor=args.floor)
+              "3-stream hand-off chain", floor=args.floor,
+              torch_trace=args.torch_trace)
 
 
 if __name__ == "__main__":

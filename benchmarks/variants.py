@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS_GPU = ("none", "csan", "lifetime", "lifetime+shim")
 VARIANTS_SIM = ("none", "lifetime")
 FLOOR = "empty-mode"
+# the lifetime sanitizer with torch's own trace delivery instead of the GPU
+# trace bridge (npu_lifetime/sanitizer/trace_bridge.py): what the bridge saves
+TORCH_TRACE = "lifetime-torch-trace"
 CHILD_TIMEOUT_S = 300
 # NPU_LIFETIME_BENCH_CPUS="2,3": every child runs on those CPUs only, the
 # same for every variant (on a shared host, a child's placement moved its
@@ -68,6 +71,8 @@ def setup_variant(variant: str, device: str):
         mode = empty_mode()
         mode.__enter__()
         return mode
+    if variant == TORCH_TRACE:
+        os.environ["NPU_LIFETIME_TRACE_BRIDGE"] = "0"
     if variant.startswith("lifetime"):
         from npu_lifetime.sanitizer import LifetimeSanitizer
 
@@ -219,7 +224,7 @@ def _round_summary(last: dict, variants: tuple) -> str:
     text = ", ".join(f"{v} {per_op[v]:.2f}" for v in variants) + " us/op"
     if "csan" in per_op and per_op["csan"] > per_op["none"]:
         text += "; overhead / CSAN's: " + ", ".join(
-            f"{v} {overhead_ratio(per_op, v):.2f}" for v in ("lifetime", "lifetime+shim") if v in per_op)
+            f"{v} {overhead_ratio(per_op, v):.2f}" for v in _sanitizers(per_op))
     return text
 
 
@@ -248,11 +253,19 @@ def _ratio_per_round(samples: dict, rounds: int, variant: str) -> list:
     return [overhead_ratio(medians(r), variant) for r in range(rounds)]
 
 
-def alternate(script: str, device: str, rounds: int, child_args: list, describe: str, floor: bool = False) -> dict:
+def _sanitizers(variants) -> list:
+    """The lifetime sanitizer's variants among ``variants``, in order."""
+    return [v for v in variants if v.startswith("lifetime")]
+
+
+def alternate(script: str, device: str, rounds: int, child_args: list, describe: str, floor: bool = False,
+              torch_trace: bool = False) -> dict:
     """In the parent: runs every variant ``rounds`` times in fresh processes
     (order reversed every other round); prints the table; returns medians.
-    ``floor``: the empty-mode variant too."""
-    variants = (VARIANTS_GPU if device == "cuda" else VARIANTS_SIM) + ((FLOOR,) if floor else ())
+    ``floor``: the empty-mode variant too; ``torch_trace``: the lifetime
+    sanitizer without the GPU trace bridge too (CUDA only)."""
+    variants = (VARIANTS_GPU if device == "cuda" else VARIANTS_SIM) + ((FLOOR,) if floor else ()) \
+        + ((TORCH_TRACE,) if torch_trace and device == "cuda" else ())
     samples, last, paired = run_rounds(script, variants, rounds, ["--device", device, *child_args])
     ops = last[variants[0]]["ops"]
     medians = {v: statistics.median(samples[v]) for v in variants}
@@ -268,14 +281,14 @@ def alternate(script: str, device: str, rounds: int, child_args: list, describe:
         m = medians[variant]
         print(f"{variant:<15} {m * 1e3:>9.2f} {m / ops * 1e6:>8.2f} {m / base:>8.2f}")
     if "csan" in medians:
-        for variant in ("lifetime", "lifetime+shim"):
+        for variant in _sanitizers(variants):
             spread = ", ".join(f"{r:.2f}" for r in _ratio_per_round(samples, rounds, variant))
             print(f"{variant} overhead / CSAN overhead = {overhead_ratio(medians, variant):.2f} "
                   f"(each round's own medians: {spread})")
         if FLOOR in medians:
             print(f"above the empty-mode floor ({(medians[FLOOR] - base) / ops * 1e6:.2f} us/op): "
                   + ", ".join(f"{v} / CSAN = {overhead_ratio(medians, v, base=FLOOR):.2f}"
-                              for v in ("lifetime", "lifetime+shim")))
+                              for v in _sanitizers(variants)))
     else:
         print(f"lifetime overhead per op: {(medians['lifetime'] - base) / ops * 1e6:.2f} us "
               "(no CSAN on this device: CSAN needs CUDA)")
@@ -301,7 +314,8 @@ def paired_summary(paired: dict) -> str:
             return [(1 + o) / (1 + d) - 1 for o, d in zip(paired[variant], drift)]
 
         csan = corrected("csan")
-        for variant, over in (("lifetime", ""), ("lifetime+shim", " (the sanitizer over the shim alone)")):
+        for variant in _sanitizers(paired):
+            over = " (the sanitizer over the shim alone)" if variant == "lifetime+shim" else ""
             if paired.get(variant) and len(paired[variant]) == len(drift):
                 mine = corrected(variant)
                 rounds = ", ".join(f"{a / c:.2f}" for a, c in zip(mine, csan))

@@ -17,7 +17,7 @@ echo "build $((SECONDS-T0)) s"; cat "$OUT/machine.txt"
 bench() { local name=$1 limit=$2; shift 2; local t=$SECONDS
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"${TAILN:-9}" "$OUT/$name.log"; }
 R=${CHAIN_ROUNDS:-5}; TR=${TRAIN_ROUNDS:-2}
-TAILN=14 bench bench_sanitizer $((45 * R + 30)) benchmarks/bench_sanitizer.py --rounds "$R" --steps 200 --repeats 5 --floor
+TAILN=14 bench bench_sanitizer $((55 * R + 30)) benchmarks/bench_sanitizer.py --rounds "$R" --steps 200 --repeats 5 --floor --torch-trace
 bench bench_training_mlp $((60 * TR + 40)) benchmarks/bench_training.py --rounds "$TR" --steps 10 --repeats 3
 bench bench_training_transformer $((50 * TR + 40)) benchmarks/bench_training.py --model transformer --rounds "$TR" --steps 5 --repeats 3
 # RSS_OPS=N: then the sanitizer's RSS over an N-op loop (Done-when: flat over 1M ops)

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import simdevice
-from . import native
+from . import native, trace_bridge
 from ..recording import watchers
 from .hub import DEVICE_ONLY, KEY_LAST, Hub
 
@@ -213,6 +213,7 @@ class CudaBackend(_TraceBackend):
         from torch.cuda import _gpu_trace
 
         torch._C._activate_gpu_trace()
+        trace_bridge.install()  # the same delivery, without torch's import per event
         registered: dict = {}
 
         def register(kind: str, cb: Callable) -> None:

@@ -20,6 +20,9 @@ equivalent that stays the fallback and the reference it is tested against:
   the sanitizers (``backends.py``, ``hub.py``);
 - ``event_hook`` (_event_hook.c): device events' delivery to the sanitizers,
   or to the op in progress (``hub.py``'s ``Hub.event``, ``backends.py``);
+- the GPU trace bridge (``trace_bridge.py``, C++ built against the torch in
+  use at the first CUDA sanitizer): torch's trace delivered to its Python
+  registries without torch's import per event;
 - the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
 
 Each is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns all of
@@ -66,5 +69,11 @@ def in_use() -> dict:
     return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None, "dispatch": dispatch is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
             "host_lock": host_lock is not None, "event_hook": event_hook is not None,
-            "event_feed": event_feed is not None,
+            "event_feed": event_feed is not None, "trace_bridge": _trace_bridge_installed(),
             "model": model_class().__module__.endswith("_native_model")}
+
+
+def _trace_bridge_installed() -> bool:
+    from . import trace_bridge  # imports the shim's bridge builder only when asked
+
+    return trace_bridge.installed()

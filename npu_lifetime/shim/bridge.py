@@ -11,7 +11,10 @@ does without:
 - the CUDA bridge (``cuda_allocator_bridge.cpp``): the shim as torch's CUDA
   allocator with the entry points a pluggable allocator lacks (cacheInfo,
   memory history, MemPool, pool checkpoints); it raises torch's
-  out-of-memory error itself.
+  out-of-memory error itself;
+- the GPU trace bridge (``gpu_trace_bridge.cpp``, the sanitizer's): torch's
+  GPU trace delivered to its Python registries without torch's import per
+  event (``npu_lifetime/sanitizer/trace_bridge.py``).
 
 Each is compiled once per framework build, against the one in use, with the
 system C++ compiler, and cached (``$NPU_LIFETIME_CACHE``, else
@@ -27,6 +30,8 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Optional
 
@@ -35,6 +40,7 @@ from .native import library, symbol_address
 TORCH_BRIDGE = "oom_bridge.cpp"
 NPU_BRIDGE = "npu_queue_bridge.cpp"
 CUDA_BRIDGE = "cuda_allocator_bridge.cpp"
+GPU_TRACE_BRIDGE = "gpu_trace_bridge.cpp"
 
 
 class BridgeUnavailable(RuntimeError):
@@ -112,7 +118,14 @@ def _torch_cuda_flags() -> list:
             "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-ldl"]
 
 
+def _python_flags() -> list:
+    """The running interpreter's headers; its symbols come from the process at load time."""
+    return ["-isystem", sysconfig.get_paths()["include"], "-ltorch_cpu"]
+
+
 def _framework_flags(name: str) -> list:
+    if name == GPU_TRACE_BRIDGE:
+        return _torch_flags() + _python_flags()
     if name == NPU_BRIDGE:
         return _torch_flags() + _torch_npu_flags()
     if name == CUDA_BRIDGE:
@@ -130,6 +143,8 @@ def _framework_version(name: str) -> bytes:
         version += torch_npu.__version__ + torch_npu.__file__
     if name in (NPU_BRIDGE, CUDA_BRIDGE):
         version += _shim_header().read_text()
+    if name == GPU_TRACE_BRIDGE:  # built against this interpreter's C API
+        version += sys.version + sysconfig.get_paths()["include"]
     return version.encode()
 
 
