@@ -12,6 +12,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
   cat COMMIT 2>/dev/null || git rev-parse HEAD
   python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/machine.txt"
 T0=$SECONDS; python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# the GPU trace bridge, built against this torch before any timing (it is cached)
+python3 -c "from npu_lifetime.shim import bridge; print('trace bridge:', bridge.build(name=bridge.GPU_TRACE_BRIDGE))" \
+  >> "$OUT/machine.txt" 2>&1
 python3 -c "import npu_lifetime.sanitizer.native as n; print('native parts in use:', n.in_use())" >> "$OUT/machine.txt"
 echo "build $((SECONDS-T0)) s"; cat "$OUT/machine.txt"
 bench() { local name=$1 limit=$2; shift 2; local t=$SECONDS

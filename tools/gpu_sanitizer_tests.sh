@@ -9,6 +9,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
   cat COMMIT 2>/dev/null || git rev-parse HEAD
   python3 -c "import torch; print('torch', torch.__version__)"; } | tee "$OUT/machine.txt"
 T0=$SECONDS; python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# the GPU trace bridge, built against this torch before any timing (it is cached)
+python3 -c "from npu_lifetime.shim import bridge; print('trace bridge:', bridge.build(name=bridge.GPU_TRACE_BRIDGE))" \
+  >> "$OUT/machine.txt" 2>&1
 echo "build $((SECONDS-T0)) s"
 timeout "${TEST_LIMIT:-540}" python3 -m pytest -q -rfEs -p no:cacheprovider --durations=10 \
   tests/test_gpu_sanitizer.py tests/test_gpu_verdicts.py tests/test_gpu_corpus.py tests/test_gpu_handoff.py \
