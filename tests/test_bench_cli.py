@@ -115,3 +115,4 @@ def test_the_fastest_process_figure_takes_each_variants_fastest_round():
     best = fastest(samples, rounds=2)
     assert best == {"none": pytest.approx(1.1), "csan": pytest.approx(9.1), "lifetime": pytest.approx(3.0)}
     assert overhead_ratio(best, "lifetime") == pytest.approx((3.0 - 1.1) / (9.1 - 1.1))
+    assert _variants().near_fastest(samples, rounds=2) == {"none": 1, "csan": 1, "lifetime": 1}

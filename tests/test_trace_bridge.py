@@ -9,7 +9,9 @@ the trace's current interpreter (the bridge) and through torch's, as
 torch's C++ fires it (without the GIL), and what the subscribers saw is
 compared.  On CPU nothing of torch's fires the trace, so these tests fire
 it; on a GPU the sanitizer's own tests run through the bridge, and the last
-test here checks that CSAN, enabled after it, still finds a race."""
+test here checks that CSAN, enabled after it, still finds a race.  Not
+checked on CPU: the TLS guard, and the interpreter's shutdown (the
+Py_IsInitialized check), which torch's own path shares."""
 import subprocess
 import sys
 import textwrap
@@ -87,17 +89,56 @@ def test_hip_is_delivered_to_torch_cuda_as_torch_does(recorded):
     assert seen[PATHS[0]] == seen[PATHS[1]] and len(seen[PATHS[0]]) == len(trace_bridge.KINDS)
 
 
-def test_another_device_type_stays_torchs(installed, monkeypatch):
-    """An XPU event goes to torch's interpreter, which finds torch.xpu's registries."""
+@pytest.mark.parametrize("kind", trace_bridge.KINDS)
+def test_another_device_type_stays_torchs(installed, monkeypatch, kind):
+    """An XPU event goes to torch's interpreter, which finds torch.xpu's
+    registries (also after a second install, which must not take the bridge
+    for torch's and recurse)."""
     import torch.xpu
 
-    registry, calls = CallbackRegistry("xpu allocation"), []
-    registry.add_callback(calls.append)
-    monkeypatch.setattr(torch.xpu, "_gpu_trace", types.SimpleNamespace(MemoryAllocationCallbacks=registry),
-                        raising=False)
-    trace_bridge.fire("memory_allocation", 7, device_type=trace_bridge.XPU)
-    trace_bridge.fire("memory_allocation", 8, device_type=trace_bridge.XPU, through_torch=True)
-    assert calls == [7, 8]
+    registries = {k: CallbackRegistry(k) for k in trace_bridge.KINDS}
+    calls = []
+    for k, registry in registries.items():
+        registry.add_callback(lambda *args, k=k: calls.append((k, *args)))
+    monkeypatch.setattr(torch.xpu, "_gpu_trace", types.SimpleNamespace(
+        **{_registry_name(k): registry for k, registry in registries.items()}), raising=False)
+    assert trace_bridge.install()  # already installed: nothing changes
+    trace_bridge.fire(kind, 7, 8, device_type=trace_bridge.XPU)
+    trace_bridge.fire(kind, 7, 8, device_type=trace_bridge.XPU, through_torch=True)
+    assert len(calls) == 2 and calls[0] == calls[1] and calls[0][0] == kind
+
+
+@pytest.mark.parametrize("device_type", [trace_bridge.CUDA, trace_bridge.HIP])
+def test_the_bridge_does_not_import_torch_cuda_at_each_event(recorded, monkeypatch, device_type):
+    """torch's interpreter imports "torch.cuda" at every event, for HIP too
+    (it finds a decoy put in sys.modules); the bridge uses the module it holds."""
+    decoy_calls = []
+    decoy = types.ModuleType("torch.cuda")
+    decoy._gpu_trace = types.SimpleNamespace(MemoryAllocationCallbacks=types.SimpleNamespace(
+        fire_callbacks=lambda ptr: decoy_calls.append(ptr)))
+    monkeypatch.setitem(sys.modules, "torch.cuda", decoy)
+    trace_bridge.fire("memory_allocation", 21, device_type=device_type)
+    trace_bridge.fire("memory_allocation", 22, device_type=device_type, through_torch=True)
+    assert recorded == [("memory_allocation", 21)] and decoy_calls == [22]
+
+
+def test_no_reference_is_kept_or_dropped(installed, monkeypatch):
+    """100 events leave every object's reference count as it was."""
+    registry, kept, result = _gpu_trace.EventRecordCallbacks, [], object()
+
+    class Fire:  # an instance attribute: the lookup returns this object itself
+        def __call__(self, *args):
+            kept.append(args)
+            return result
+
+    fire = Fire()
+    monkeypatch.setattr(registry, "fire_callbacks", fire)
+    watched = (fire, result, registry, _gpu_trace, torch.cuda)
+    before = [sys.getrefcount(o) for o in watched]
+    for i in range(100):
+        trace_bridge.fire("event_record", 1000 + i, 2**63 + i)
+    assert [sys.getrefcount(o) for o in watched] == before
+    assert len(kept) == 100 and all(sys.getrefcount(a) == sys.getrefcount(b) == 3 for a, b in kept)
 
 
 def test_several_subscribers_in_order_and_one_that_raises_stops_nobody(installed, monkeypatch):
@@ -188,6 +229,17 @@ def test_install_needs_torchs_trace_and_is_idempotent(installed):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("refused:") and "_activate_gpu_trace" in lines[0]
     assert lines[1] == "True True True"
+
+
+def test_a_second_copy_of_the_library_leaves_the_installed_one_alone(installed, tmp_path):
+    """Installed only over torch's own interpreter: another copy (another
+    cache) finds the first one there and stays out."""
+    import ctypes
+
+    copy = ctypes.PyDLL(str(bridge.build(tmp_path, name=bridge.GPU_TRACE_BRIDGE)))
+    copy.npl_trace_bridge_install.argtypes = [ctypes.py_object]
+    assert copy.npl_trace_bridge_install(torch.cuda) == trace_bridge.LEFT_OUT
+    assert trace_bridge.installed()
 
 
 @pytest.mark.parametrize("env", [{"NPU_LIFETIME_TRACE_BRIDGE": "0"}, {"NPU_LIFETIME_NATIVE": "0"}])

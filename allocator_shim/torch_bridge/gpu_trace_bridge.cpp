@@ -18,15 +18,17 @@
 // and every method that is not a trace, is torch's own interpreter's.
 //
 // Invariants:
-// - installed only over torch's interpreter (the trace must be active), by
-//   storing it as GPUTrace's current interpreter: GPUTrace keeps the first
-//   interpreter set and has no second set_trace;
+// - installed only over torch's interpreter (the trace must be active, and
+//   its interpreter torch's main one), by storing it as GPUTrace's current
+//   interpreter: GPUTrace keeps the first interpreter set and has no second
+//   set_trace;
 // - never removed: with no subscriber it does what torch's does, so a
 //   later enable (CSAN's included) is served as before;
 // - no C++ exception leaves the extern "C" functions.
 #include <Python.h>
 
 #include <ATen/core/PythonFallbackKernel.h>
+#include <ATen/core/PythonOpRegistrationTrampoline.h>
 #include <c10/core/impl/GPUTrace.h>
 #include <c10/core/impl/PyInterpreter.h>
 
@@ -53,7 +55,8 @@ const char* const REGISTRY_NAMES[KINDS] = {
 
 // Set once by install(), under the GIL, before the interpreter is published.
 struct Delivery {
-    const PyInterpreter* torch = nullptr;  // torch's interpreter (its vtable is read at each call: disarm)
+    const PyInterpreter* torch = nullptr;  // torch's interpreter: its vtable is read at each call, so that
+                                           // the no-op vtable torch swaps in at exit (disarm) is the one used
     PyObject* module = nullptr;            // torch.cuda, held for the process
     PyObject* gpu_trace = nullptr;         // "_gpu_trace"
     PyObject* fire_callbacks = nullptr;    // "fire_callbacks"
@@ -215,7 +218,9 @@ int intern_names() {
 #define NPL_EXPORT extern "C" __attribute__((visibility("default")))
 
 // Called with the GIL held (ctypes.PyDLL), the trace active, and torch.cuda:
-// 0 installed now, 1 already installed, -1 with a Python exception set.
+// 0 installed now, 1 already installed, 2 left out because the trace's
+// interpreter is neither torch's nor this one (another copy of this library,
+// or someone else's), -1 with a Python exception set.
 NPL_EXPORT int npl_trace_bridge_install(PyObject* cuda_module) {
     try {
         const PyInterpreter* current = c10::impl::GPUTrace::get_trace();
@@ -226,6 +231,7 @@ NPL_EXPORT int npl_trace_bridge_install(PyObject* cuda_module) {
                             "(torch._C._activate_gpu_trace())");
             return -1;
         }
+        if (current != at::impl::PythonOpRegistrationTrampoline::getInterpreter()) return 2;
         if (!PyModule_Check(cuda_module)) {
             PyErr_SetString(PyExc_TypeError, "the GPU trace bridge takes the torch.cuda module");
             return -1;

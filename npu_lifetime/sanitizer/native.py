@@ -21,8 +21,9 @@ equivalent that stays the fallback and the reference it is tested against:
 - ``event_hook`` (_event_hook.c): device events' delivery to the sanitizers,
   or to the op in progress (``hub.py``'s ``Hub.event``, ``backends.py``);
 - the GPU trace bridge (``trace_bridge.py``, C++ built against the torch in
-  use at the first CUDA sanitizer): torch's trace delivered to its Python
-  registries without torch's import per event;
+  use and installed by the first CUDA sanitizer): torch's trace delivered
+  to its Python registries without torch's import per event; ``in_use()``
+  says whether it is installed now, the others whether they were built;
 - the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
 
 Each is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns all of
@@ -34,6 +35,7 @@ from __future__ import annotations
 import os
 
 from ..native_parts import ENABLED, load
+from . import trace_bridge
 
 
 def _load(name: str):
@@ -69,11 +71,5 @@ def in_use() -> dict:
     return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None, "dispatch": dispatch is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
             "host_lock": host_lock is not None, "event_hook": event_hook is not None,
-            "event_feed": event_feed is not None, "trace_bridge": _trace_bridge_installed(),
+            "event_feed": event_feed is not None, "trace_bridge": trace_bridge.installed(),
             "model": model_class().__module__.endswith("_native_model")}
-
-
-def _trace_bridge_installed() -> bool:
-    from . import trace_bridge  # imports the shim's bridge builder only when asked
-
-    return trace_bridge.installed()

@@ -32,6 +32,8 @@ KINDS = ("event_creation", "event_deletion", "event_record", "event_wait", "memo
          "event_synchronization")
 # c10::DeviceType's numbers, for the test entry
 CUDA, HIP, XPU = 1, 6, 12
+# npl_trace_bridge_install's answer when the trace's interpreter is someone else's
+LEFT_OUT = 2
 
 _lock = threading.Lock()
 _library: Optional[tuple] = None  # (PyDLL, CDLL) over the one loaded library
@@ -54,7 +56,10 @@ def install() -> bool:
         library = _load()
         if library is None:
             return False
-        library[0].npl_trace_bridge_install(torch.cuda)  # raises if torch's trace is not active
+        if library[0].npl_trace_bridge_install(torch.cuda) == LEFT_OUT:  # raises if torch's trace is not active
+            warnings.warn("npu_lifetime: the GPU trace bridge was left out: the trace's interpreter is not "
+                          "torch's own (another library replaced it)", RuntimeWarning, stacklevel=2)
+            return False
         return True
 
 

@@ -1,6 +1,6 @@
-"""Builds and loads the bridges (allocator_shim/torch_bridge/), the two
-small C++ files that need a framework's headers, which the shim itself
-does without:
+"""Builds and loads the bridges (allocator_shim/torch_bridge/), the small
+C++ files that need a framework's headers, which the shim itself does
+without:
 
 - the torch bridge (``oom_bridge.cpp``): the allocation entry point that
   raises torch's out-of-memory error when the shim is out of memory (a
@@ -118,14 +118,15 @@ def _torch_cuda_flags() -> list:
             "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-ldl"]
 
 
-def _python_flags() -> list:
-    """The running interpreter's headers; its symbols come from the process at load time."""
+def _gpu_trace_flags() -> list:
+    """The running interpreter's headers (its symbols come from the process
+    at load time) and libtorch_cpu (torch's TLS guard and interpreter)."""
     return ["-isystem", sysconfig.get_paths()["include"], "-ltorch_cpu"]
 
 
 def _framework_flags(name: str) -> list:
     if name == GPU_TRACE_BRIDGE:
-        return _torch_flags() + _python_flags()
+        return _torch_flags() + _gpu_trace_flags()
     if name == NPU_BRIDGE:
         return _torch_flags() + _torch_npu_flags()
     if name == CUDA_BRIDGE:
