@@ -4,7 +4,9 @@
 # transformer training step, each with CSAN in the same run, variants in
 # alternating fresh processes.  Logs under $OUT; each benchmark has its own
 # time limit and never stops the others.
-#   tools/gpu_bench_sanitizer.sh            (CHAIN_ROUNDS, TRAIN_ROUNDS to change the rounds; RSS_OPS for the RSS loop)
+#   tools/gpu_bench_sanitizer.sh            (CHAIN_ROUNDS, TRAIN_ROUNDS to change the rounds; RSS_OPS for the RSS loop;
+#                                            TORCH_TRACE=1: the chain also without the GPU trace bridge, a sixth
+#                                            variant: with 7 rounds the whole run then passed 600 s on a slow host)
 set -u
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,7 +22,8 @@ echo "build $((SECONDS-T0)) s"; cat "$OUT/machine.txt"
 bench() { local name=$1 limit=$2; shift 2; local t=$SECONDS
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"${TAILN:-9}" "$OUT/$name.log"; }
 R=${CHAIN_ROUNDS:-5}; TR=${TRAIN_ROUNDS:-2}
-TAILN=14 bench bench_sanitizer $((55 * R + 30)) benchmarks/bench_sanitizer.py --rounds "$R" --steps 200 --repeats 5 --floor --torch-trace
+PER_ROUND=$((${TORCH_TRACE:+10 +} 45))  # seconds a chain round may take
+TAILN=14 bench bench_sanitizer $((PER_ROUND * R + 30)) benchmarks/bench_sanitizer.py --rounds "$R" --steps 200 --repeats 5 --floor ${TORCH_TRACE:+--torch-trace}
 bench bench_training_mlp $((60 * TR + 40)) benchmarks/bench_training.py --rounds "$TR" --steps 10 --repeats 3
 bench bench_training_transformer $((50 * TR + 40)) benchmarks/bench_training.py --model transformer --rounds "$TR" --steps 5 --repeats 3
 # RSS_OPS=N: then the sanitizer's RSS over an N-op loop (Done-when: flat over 1M ops)
