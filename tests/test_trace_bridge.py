@@ -191,6 +191,21 @@ def test_the_sanitizers_fire_shortcut_is_served(installed, monkeypatch):
     assert calls == [12]
 
 
+def test_a_subscriber_added_after_the_sanitizer_left_is_served(installed, monkeypatch):
+    """After a CUDA sanitizer, its Fire stays the registry's fire_callbacks
+    and its subscriber stays registered (idle); CSAN enabled later adds its
+    own: Fire then defers to torch's fire_callbacks, which calls both."""
+    if native.trace_hook is None:
+        pytest.skip("_trace_hook is not built")
+    registry, idle, later = _gpu_trace.MemoryAllocationCallbacks, [], []
+    _subscribe_only(monkeypatch, registry, [idle.append])
+    monkeypatch.setattr(registry, "fire_callbacks",
+                        native.trace_hook.Fire(registry.callback_list, idle.append, registry.fire_callbacks))
+    registry.add_callback(later.append)
+    trace_bridge.fire("memory_allocation", 31)
+    assert idle == [31] and later == [31]
+
+
 def test_events_fired_from_many_threads_at_once_all_arrive(installed, monkeypatch):
     calls = []
     _subscribe_only(monkeypatch, _gpu_trace.MemoryAllocationCallbacks, [calls.append])
