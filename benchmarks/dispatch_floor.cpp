@@ -8,7 +8,9 @@
 //
 // Per op the fallback counts the op, does the work asked for (nothing; a call
 // into Python with the op's name; a walk of the tensor arguments and returns
-// reading each storage's data pointer and the schema's is_write), then runs
+// reading each storage's data pointer and the schema's is_write; a call into
+// Python with the name and the tensor arguments as Python tensors; a call
+// site captured by a given Python capture, kept until the next op's), then runs
 // the op below its key with the key excluded, so ops the op itself calls are
 // not seen (as a Python dispatch mode does not see them).
 #include <Python.h>
@@ -17,6 +19,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -29,11 +32,14 @@ namespace {
 
 constexpr c10::DispatchKey kFloorKey = c10::DispatchKey::DeferredInit;
 
-enum Work : int { kRedispatch = 0, kCallPython = 1, kWalkTensors = 2 };
+enum Work : int { kRedispatch = 0, kCallPython = 1, kWalkTensors = 2, kPassTensors = 3, kCaptureSite = 4 };
 
 std::atomic<int> work_per_op{kRedispatch};
 std::atomic<uint64_t> ops_seen{0};
 PyObject* on_op = nullptr;  // owned reference, changed under the GIL
+PyObject* site_capture = nullptr;  // owned: (callable, args tuple), changed under the GIL
+thread_local PyObject* last_site = nullptr;  // the last op's site (owned), as a front end keeps it on its record
+std::atomic<uint64_t> sites_captured{0};
 thread_local uintptr_t walk_sink = 0;  // what the walk read, so it is not optimised away
 thread_local uint64_t writes_seen = 0;
 std::unique_ptr<torch::Library> registration;
@@ -87,6 +93,74 @@ void call_python(const c10::OperatorHandle& op) {
   TORCH_CHECK(!failed, "dispatch_floor: calling on_op for ", name, " failed (see stderr)");
 }
 
+// A tensor argument a sanitizer would see: not a Python number wrapped for the op (`x + 1`'s 1),
+// which a Python dispatch mode is handed back as the number.
+void keep_tensor(const c10::IValue& value, std::vector<at::Tensor>& tensors) {
+  if (value.isTensor() && !value.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+    tensors.push_back(value.toTensor());
+  }
+}
+
+// The op's tensor arguments (lists flattened) as a tuple of Python tensors; NULL with a Python error set.
+PyObject* tensor_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  std::vector<at::Tensor> tensors;
+  for (const c10::IValue& value : torch::jit::last(stack, schema.arguments().size())) {
+    if (value.isList()) {
+      for (const c10::IValue& item : value.toListRef()) {
+        keep_tensor(item, tensors);
+      }
+    } else {
+      keep_tensor(value, tensors);
+    }
+  }
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
+  for (size_t i = 0; tuple != nullptr && i < tensors.size(); ++i) {
+    PyObject* wrapped = THPVariable_Wrap(tensors[i]);
+    if (wrapped == nullptr) {
+      Py_CLEAR(tuple);
+    } else {
+      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), wrapped);
+    }
+  }
+  return tuple;
+}
+
+// Takes the GIL and calls on_op(name, tensors); a Python error becomes a c10::Error.
+void pass_tensors(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const std::string& name = op.operator_name().name;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* text = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+  PyObject* tensors = text != nullptr ? tensor_arguments(op.schema(), stack) : nullptr;
+  PyObject* result = (tensors != nullptr && on_op != nullptr) ? PyObject_CallFunctionObjArgs(on_op, text, tensors, nullptr)
+                                                              : nullptr;
+  const bool failed = result == nullptr;
+  Py_XDECREF(text);
+  Py_XDECREF(tensors);
+  Py_XDECREF(result);
+  if (failed) {
+    PyErr_Print();
+  }
+  PyGILState_Release(gil);
+  TORCH_CHECK(!failed, "dispatch_floor: passing ", name, "'s tensors to on_op failed (see stderr)");
+}
+
+// Takes the GIL and keeps callable(*args) as this thread's last site; a Python error becomes a c10::Error.
+void capture_site(const c10::OperatorHandle& op) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* site = site_capture != nullptr
+      ? PyObject_Call(PyTuple_GET_ITEM(site_capture, 0), PyTuple_GET_ITEM(site_capture, 1), nullptr)
+      : nullptr;
+  const bool failed = site == nullptr;
+  if (failed) {
+    PyErr_Print();  // no capture set, or it raised
+  } else {
+    Py_XSETREF(last_site, site);
+    sites_captured.fetch_add(1, std::memory_order_relaxed);
+  }
+  PyGILState_Release(gil);
+  TORCH_CHECK(!failed, "dispatch_floor: capturing ", op.operator_name().name, "'s site failed (see stderr)");
+}
+
 void floor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   ops_seen.fetch_add(1, std::memory_order_relaxed);
   const int work = work_per_op.load(std::memory_order_relaxed);
@@ -94,6 +168,10 @@ void floor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     call_python(op);
   } else if (work == kWalkTensors) {
     walk(op.schema().arguments(), *stack, false);
+  } else if (work == kPassTensors) {
+    pass_tensors(op, *stack);
+  } else if (work == kCaptureSite) {
+    capture_site(op);
   }
   {
     c10::impl::ExcludeDispatchKeyGuard not_nested(kFloorKey);
@@ -109,8 +187,8 @@ PyObject* py_enable(PyObject* /*module*/, PyObject* arg) {
   if (work == -1 && PyErr_Occurred()) {
     return nullptr;
   }
-  if (work < kRedispatch || work > kWalkTensors) {
-    PyErr_Format(PyExc_ValueError, "work must be 0, 1 or 2, not %ld", work);
+  if (work < kRedispatch || work > kCaptureSite) {
+    PyErr_Format(PyExc_ValueError, "work must be 0 to 4, not %ld", work);
     return nullptr;
   }
   work_per_op.store(static_cast<int>(work));
@@ -137,12 +215,42 @@ PyObject* py_set_on_op(PyObject* /*module*/, PyObject* callable) {
   Py_RETURN_NONE;
 }
 
+PyObject* py_set_site_capture(PyObject* /*module*/, PyObject* args) {
+  PyObject* callable = nullptr;
+  PyObject* call_args = nullptr;
+  if (!PyArg_ParseTuple(args, "OO!", &callable, &PyTuple_Type, &call_args)) {
+    return nullptr;
+  }
+  if (callable != Py_None && !PyCallable_Check(callable)) {
+    PyErr_SetString(PyExc_TypeError, "the site capture must be callable or None");
+    return nullptr;
+  }
+  PyObject* pair = callable == Py_None ? nullptr : PyTuple_Pack(2, callable, call_args);
+  if (callable != Py_None && pair == nullptr) {
+    return nullptr;
+  }
+  Py_XSETREF(site_capture, pair);
+  Py_RETURN_NONE;
+}
+
+// This thread's last captured site (None before any), dropped from the thread.
+PyObject* py_take_last_site(PyObject* /*module*/, PyObject* /*unused*/) {
+  PyObject* site = last_site != nullptr ? last_site : Py_NewRef(Py_None);
+  last_site = nullptr;
+  return site;
+}
+
+PyObject* py_sites_captured(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyLong_FromUnsignedLongLong(sites_captured.load());
+}
+
 PyObject* py_ops_seen(PyObject* /*module*/, PyObject* /*unused*/) {
   return PyLong_FromUnsignedLongLong(ops_seen.load());
 }
 
 PyObject* py_reset(PyObject* /*module*/, PyObject* /*unused*/) {
   ops_seen.store(0);
+  sites_captured.store(0);
   writes_seen = 0;
   walk_sink = 0;
   Py_RETURN_NONE;
@@ -174,9 +282,15 @@ PyObject* py_key(PyObject* /*module*/, PyObject* /*unused*/) {
 }
 
 PyMethodDef methods[] = {
-    {"enable", py_enable, METH_O, "enable(work): include the key in this thread's dispatch (0 redispatch, 1 call on_op, 2 walk)"},
+    {"enable", py_enable, METH_O,
+     "enable(work): include the key in this thread's dispatch (0 redispatch, 1 call on_op(name), 2 walk, "
+     "3 call on_op(name, tensors), 4 capture a site)"},
     {"disable", py_disable, METH_NOARGS, "disable(): leave the key out of this thread's dispatch"},
-    {"set_on_op", py_set_on_op, METH_O, "set_on_op(callable or None): what work 1 calls with each op's name"},
+    {"set_on_op", py_set_on_op, METH_O, "set_on_op(callable or None): what works 1 and 3 call with each op"},
+    {"set_site_capture", py_set_site_capture, METH_VARARGS,
+     "set_site_capture(callable or None, args): what work 4 calls, callable(*args), for each op's site"},
+    {"take_last_site", py_take_last_site, METH_NOARGS, "this thread's last captured site, or None"},
+    {"sites_captured", py_sites_captured, METH_NOARGS, "sites captured since reset()"},
     {"ops_seen", py_ops_seen, METH_NOARGS, "ops the fallback was entered for since reset()"},
     {"writes_seen", py_writes_seen, METH_NOARGS, "this thread's written tensor arguments seen by the walk since reset()"},
     {"reset", py_reset, METH_NOARGS, "reset(): zero the counters"},

@@ -15,6 +15,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_dispatch_floor.py"
 STEPS = 2
+# mm 2, relu 1, add 1, mul_ 1, sum 1, mul 1, tanh 1 (the numbers of `c + 1`, `mul_(0.5)` and `e * 0.1` are not tensors)
+TENSORS_PER_STEP = 8
 
 
 def _bench_module():
@@ -39,12 +41,16 @@ def test_smallest_run_times_every_variant_and_the_fallback_sees_every_op():
     assert f"{ops} CPU ops per run" in out and "dispatch key DeferredInit" in out
     for variant in bench.CPP_WORK:
         entered = re.search(rf"^{variant}: fallback entered for (\d+) of (\d+) ops dispatched "
-                            r"\(Python called (\d+), writes walked (\d+)\)", out, re.M)
+                            r"\(Python called (\d+), writes walked (\d+), tensors handed over (\d+), "
+                            r"sites captured (\d+)\)", out, re.M)
         assert entered, f"no fallback line for {variant}:\n{out}"
-        seen, dispatched, python_calls, writes = map(int, entered.groups())
+        seen, dispatched, python_calls, writes, tensors, sites = map(int, entered.groups())
         assert seen == dispatched == ops
-        assert python_calls == (ops if variant == "cpp-python-call" else 0)
+        assert python_calls == (ops if variant in ("cpp-python-call", "cpp-python-tensors") else 0)
         assert writes == (STEPS * bench.WRITES_PER_STEP if variant == "cpp-walk" else 0)
+        assert tensors == (STEPS * TENSORS_PER_STEP if variant == "cpp-python-tensors" else 0)
+        assert sites == (ops if variant == "cpp-site" else 0)
+    assert re.search(r"^cpp-site's last site: .*bench_dispatch_floor\.py:\d+ in workload$", out, re.M), out
 
 
 def test_without_a_compiler_the_script_says_so_and_stops(tmp_path):
@@ -104,3 +110,35 @@ def test_a_key_already_taken_makes_the_import_fail_saying_so():
     assert done.returncode != 0
     assert "ImportError: dispatch_floor: cannot register a fallback on DeferredInit" in done.stderr, done.stderr
     assert "Tried to register multiple backend fallbacks" in done.stderr
+
+
+def test_bad_work_and_a_failing_site_capture_are_errors_not_crashes():
+    floor = _built_extension(_bench_module())
+    with pytest.raises(ValueError, match="work must be 0 to 4, not 5"):
+        floor.enable(5)
+    with pytest.raises(TypeError, match="must be callable or None"):
+        floor.set_site_capture(3, ())
+
+    def fails():
+        raise KeyError("no site here")
+
+    floor.set_site_capture(fails, ())
+    x = torch.ones(2)
+    floor.enable(4)
+    try:
+        with pytest.raises(RuntimeError, match="capturing .*relu's site failed"):
+            x.relu()
+    finally:
+        floor.disable()
+        floor.set_site_capture(None, ())
+    assert floor.take_last_site() is None  # nothing kept from the failed capture
+    floor.reset()
+    floor.set_site_capture(lambda tag: tag, ("kept",))
+    floor.enable(4)
+    try:
+        x.relu()
+    finally:
+        floor.disable()
+        floor.set_site_capture(None, ())
+    assert floor.sites_captured() == 1 and floor.take_last_site() == "kept"
+    assert floor.take_last_site() is None
