@@ -54,13 +54,15 @@ void touch(const at::Tensor& tensor, bool is_write) {
   writes_seen += is_write ? 1 : 0;
 }
 
-void touch_value(const c10::IValue& value, bool is_write) {
+// Calls visit(tensor) for a tensor value and for each tensor of a list (Tensor[] and Tensor?[]).
+template <typename Visit>
+void each_tensor(const c10::IValue& value, Visit visit) {
   if (value.isTensor()) {
-    touch(value.toTensor(), is_write);
-  } else if (value.isList()) {  // Tensor[] and Tensor?[]
+    visit(value.toTensor());
+  } else if (value.isList()) {
     for (const c10::IValue& item : value.toListRef()) {
       if (item.isTensor()) {
-        touch(item.toTensor(), is_write);
+        visit(item.toTensor());
       }
     }
   }
@@ -73,45 +75,22 @@ void walk(const std::vector<c10::Argument>& arguments, const torch::jit::Stack& 
   const auto values = torch::jit::last(stack, count);
   for (size_t i = 0; i < count; ++i) {
     const c10::AliasInfo* alias = arguments[i].alias_info();
-    touch_value(values[i], !are_returns && alias != nullptr && alias->isWrite());
+    const bool is_write = !are_returns && alias != nullptr && alias->isWrite();
+    each_tensor(values[i], [is_write](const at::Tensor& tensor) { touch(tensor, is_write); });
   }
 }
 
-// Takes the GIL and calls on_op(name); a Python error becomes a c10::Error.
-void call_python(const c10::OperatorHandle& op) {
-  const std::string& name = op.operator_name().name;
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* text = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
-  PyObject* result = (text != nullptr && on_op != nullptr) ? PyObject_CallOneArg(on_op, text) : nullptr;
-  const bool failed = result == nullptr;
-  Py_XDECREF(text);
-  Py_XDECREF(result);
-  if (failed) {
-    PyErr_Print();  // on_op unset or raising: say why on stderr
-  }
-  PyGILState_Release(gil);
-  TORCH_CHECK(!failed, "dispatch_floor: calling on_op for ", name, " failed (see stderr)");
-}
-
-// A tensor argument a sanitizer would see: not a Python number wrapped for the op (`x + 1`'s 1),
-// which a Python dispatch mode is handed back as the number.
-void keep_tensor(const c10::IValue& value, std::vector<at::Tensor>& tensors) {
-  if (value.isTensor() && !value.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-    tensors.push_back(value.toTensor());
-  }
-}
-
-// The op's tensor arguments (lists flattened) as a tuple of Python tensors; NULL with a Python error set.
+// The op's tensor arguments (lists flattened) as a tuple of Python tensors, leaving out a Python
+// number wrapped for the op (`x + 1`'s 1), which a Python dispatch mode is handed back as the
+// number; NULL with a Python error set.
 PyObject* tensor_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   std::vector<at::Tensor> tensors;
   for (const c10::IValue& value : torch::jit::last(stack, schema.arguments().size())) {
-    if (value.isList()) {
-      for (const c10::IValue& item : value.toListRef()) {
-        keep_tensor(item, tensors);
+    each_tensor(value, [&tensors](const at::Tensor& tensor) {
+      if (!tensor.unsafeGetTensorImpl()->is_wrapped_number()) {
+        tensors.push_back(tensor);
       }
-    } else {
-      keep_tensor(value, tensors);
-    }
+    });
   }
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
   for (size_t i = 0; tuple != nullptr && i < tensors.size(); ++i) {
@@ -125,23 +104,28 @@ PyObject* tensor_arguments(const c10::FunctionSchema& schema, const torch::jit::
   return tuple;
 }
 
-// Takes the GIL and calls on_op(name, tensors); a Python error becomes a c10::Error.
-void pass_tensors(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+// Takes the GIL and calls on_op(name), or on_op(name, tensors) with the op's tensor arguments
+// when a stack is given; a Python error becomes a c10::Error.
+void call_python(const c10::OperatorHandle& op, const torch::jit::Stack* with_tensors) {
   const std::string& name = op.operator_name().name;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* text = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
-  PyObject* tensors = text != nullptr ? tensor_arguments(op.schema(), stack) : nullptr;
-  PyObject* result = (tensors != nullptr && on_op != nullptr) ? PyObject_CallFunctionObjArgs(on_op, text, tensors, nullptr)
-                                                              : nullptr;
+  PyObject* tensors = (text != nullptr && with_tensors != nullptr) ? tensor_arguments(op.schema(), *with_tensors)
+                                                                   : nullptr;
+  PyObject* result = nullptr;
+  if (text != nullptr && on_op != nullptr && (with_tensors == nullptr || tensors != nullptr)) {
+    result = with_tensors == nullptr ? PyObject_CallOneArg(on_op, text)
+                                     : PyObject_CallFunctionObjArgs(on_op, text, tensors, nullptr);
+  }
   const bool failed = result == nullptr;
   Py_XDECREF(text);
   Py_XDECREF(tensors);
   Py_XDECREF(result);
   if (failed) {
-    PyErr_Print();
+    PyErr_Print();  // on_op unset or raising: say why on stderr
   }
   PyGILState_Release(gil);
-  TORCH_CHECK(!failed, "dispatch_floor: passing ", name, "'s tensors to on_op failed (see stderr)");
+  TORCH_CHECK(!failed, "dispatch_floor: calling on_op for ", name, " failed (see stderr)");
 }
 
 // Takes the GIL and keeps callable(*args) as this thread's last site; a Python error becomes a c10::Error.
@@ -165,11 +149,11 @@ void floor_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   ops_seen.fetch_add(1, std::memory_order_relaxed);
   const int work = work_per_op.load(std::memory_order_relaxed);
   if (work == kCallPython) {
-    call_python(op);
+    call_python(op, nullptr);
   } else if (work == kWalkTensors) {
     walk(op.schema().arguments(), *stack, false);
   } else if (work == kPassTensors) {
-    pass_tensors(op, *stack);
+    call_python(op, stack);
   } else if (work == kCaptureSite) {
     capture_site(op);
   }

@@ -249,16 +249,17 @@ def at_least_one(text: str) -> int:
     return value
 
 
-def _round_medians(samples: dict, rounds: int, r: int) -> dict:
-    """Each variant's median over round ``r``'s runs (one process each)."""
+def _round_medians(samples: dict, rounds: int) -> list:
+    """For each round, each variant's median over that round's runs (one process each)."""
     runs = len(samples["none"]) // rounds
-    return {v: statistics.median(times[r * runs:(r + 1) * runs]) for v, times in samples.items()}
+    return [{v: statistics.median(times[r * runs:(r + 1) * runs]) for v, times in samples.items()}
+            for r in range(rounds)]
 
 
 def _ratio_per_round(samples: dict, rounds: int, variant: str) -> list:
     """``variant``'s overhead / CSAN's from each round's samples alone: how
     far the host moved the figure between rounds."""
-    return [overhead_ratio(_round_medians(samples, rounds, r), variant) for r in range(rounds)]
+    return [overhead_ratio(medians, variant) for medians in _round_medians(samples, rounds)]
 
 
 def fastest_processes(samples: dict, rounds: int) -> dict:
@@ -269,15 +270,18 @@ def fastest_processes(samples: dict, rounds: int) -> dict:
     which processes ran slow; each variant's fastest process is a fast one
     once every variant has drawn one (``near_fastest`` shows whether it
     has).  Taking the least favours the noisier variants a little."""
-    per_round = [_round_medians(samples, rounds, r) for r in range(rounds)]
-    return {v: min(m[v] for m in per_round) for v in samples}
+    return _least(_round_medians(samples, rounds))
+
+
+def _least(per_round: list) -> dict:
+    return {v: min(m[v] for m in per_round) for v in per_round[0]}
 
 
 def near_fastest(samples: dict, rounds: int, within: float = 0.1) -> dict:
     """How many of each variant's rounds came within ``within`` of its
     fastest: one says its fastest process is a lone draw."""
-    fastest = fastest_processes(samples, rounds)
-    per_round = [_round_medians(samples, rounds, r) for r in range(rounds)]
+    per_round = _round_medians(samples, rounds)
+    fastest = _least(per_round)
     return {v: sum(m[v] <= fastest[v] * (1 + within) for m in per_round) for v in samples}
 
 
