@@ -80,6 +80,9 @@ OPTIONAL_EXTENSIONS = [
               language="c++",
               extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]),
 ]
+# every C part keeps the seam's rules (npu_lifetime/seam.h)
+for _extension in OPTIONAL_EXTENSIONS:
+    _extension.depends.append("npu_lifetime/seam.h")
 
 
 class BuildShim(build_ext):

@@ -71,6 +71,10 @@ void fire(Kind kind, int nargs, uintptr_t first, uintptr_t second) {
     at::impl::MaybeSetTLSOnEntryGuard tls;  // as torch's: Python entered from C++ sees the TLS of entry
     if (!Py_IsInitialized()) return;
     PyGILState_STATE gil = PyGILState_Ensure();
+    // a free can come from a release made while an exception is set: the delivery starts with none
+    // and puts the caller's back (npu_lifetime/seam.h, rule 2)
+    PyObject *saved_type, *saved_value, *saved_traceback;
+    PyErr_Fetch(&saved_type, &saved_value, &saved_traceback);
     PyObject* args[2] = {nargs > 0 ? PyLong_FromSize_t(first) : nullptr, nargs > 1 ? PyLong_FromSize_t(second) : nullptr};
     PyObject* callable = nullptr;
     PyObject* done = nullptr;
@@ -87,6 +91,7 @@ void fire(Kind kind, int nargs, uintptr_t first, uintptr_t second) {
     Py_XDECREF(callable);
     Py_XDECREF(args[0]);
     Py_XDECREF(args[1]);
+    PyErr_Restore(saved_type, saved_value, saved_traceback);
     PyGILState_Release(gil);
 }
 

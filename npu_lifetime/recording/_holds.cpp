@@ -24,6 +24,7 @@
 // Python.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 
 #include <algorithm>
 #include <atomic>
@@ -192,7 +193,7 @@ private:
 struct Drops {
     std::vector<PyObject*> refs;
     ~Drops() {
-        for (PyObject* o : refs) Py_DECREF(o);
+        for (PyObject* o : refs) seam_release(o);
     }
 };
 
@@ -267,7 +268,7 @@ int record_event(Table* self, Entry* entry, PyObject* stream, long device) {
     }
     PyObject* done = PyObject_CallFunctionObjArgs(self->call[RECORD_EVENT], entry->event, stream, nullptr);
     if (done == nullptr) return -1;
-    Py_DECREF(done);
+    seam_release(done);
     return 0;
 }
 
@@ -338,7 +339,7 @@ bool holds_key(Core* core, PyObject* storage, uintptr_t handle) {
 int as_handle(PyObject* value, uintptr_t* handle) {
     if (value == nullptr) return -1;
     unsigned long long h = PyLong_AsUnsignedLongLongMask(value);
-    Py_DECREF(value);
+    seam_release(value);
     if (h == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return -1;
     *handle = static_cast<uintptr_t>(h);
     return 0;
@@ -347,7 +348,7 @@ int as_handle(PyObject* value, uintptr_t* handle) {
 long as_long(PyObject* value) {  // -1 with an exception on error
     if (value == nullptr) return -1;
     long v = PyLong_AsLong(value);
-    Py_DECREF(value);
+    seam_release(value);
     return v;
 }
 
@@ -360,12 +361,12 @@ PyObject* record_storage(Table* self, PyObject* tensor, PyObject* stream, PyObje
     if (ptr_obj == nullptr) return nullptr;
     int has_memory = PyObject_IsTrue(ptr_obj);
     if (has_memory <= 0) {
-        Py_DECREF(ptr_obj);
+        seam_release(ptr_obj);
         if (has_memory < 0) return nullptr;
         Py_RETURN_FALSE;
     }
     PyObject* recorded = guarded([&] { return record_memory(self, tensor, stream, storage, ptr_obj); });
-    Py_DECREF(ptr_obj);
+    seam_release(ptr_obj);
     return recorded;
 }
 
@@ -383,7 +384,7 @@ int in_capture(Table* self, uintptr_t handle) {
     PyObject* capturing = PyObject_CallNoArgs(self->call[IS_CAPTURING]);
     if (capturing == nullptr) return -1;
     int answer = PyObject_IsTrue(capturing);
-    Py_DECREF(capturing);
+    seam_release(capturing);
     return answer;
 }
 
@@ -395,7 +396,7 @@ PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObjec
     if (capturing) {  // nothing may be recorded or queried: the allocator's own deferral
         PyObject* done = PyObject_CallFunctionObjArgs(self->call[RECORD_STREAM], tensor, stream, nullptr);
         if (done == nullptr) return nullptr;
-        Py_DECREF(done);
+        seam_release(done);
         bump(self, IN_CAPTURE);
         Py_RETURN_TRUE;
     }
@@ -423,7 +424,7 @@ PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObjec
                                                static_cast<unsigned long long>(handle));
         if (skip == nullptr) return nullptr;
         int on_allocation_stream = PyObject_IsTrue(skip);
-        Py_DECREF(skip);
+        seam_release(skip);
         if (on_allocation_stream < 0) return nullptr;
         if (on_allocation_stream) {
             bump(self, ON_ALLOCATION_STREAM);
@@ -440,7 +441,7 @@ PyObject* record_memory(Table* self, PyObject* tensor, PyObject* stream, PyObjec
     if (recorded == 2) {
         PyObject* done = PyObject_CallNoArgs(self->call[ON_FIRST]);
         if (done == nullptr) return nullptr;
-        Py_DECREF(done);
+        seam_release(done);
     }
     Py_RETURN_TRUE;
 }
@@ -456,7 +457,7 @@ PyObject* Table_record(Table* self, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* storage = PyObject_CallMethodNoArgs(tensor, s_untyped_storage);
     if (storage == nullptr) return nullptr;
     PyObject* result = record_storage(self, tensor, stream, storage);
-    Py_DECREF(storage);
+    seam_release(storage);
     return result;
 }
 
@@ -476,7 +477,7 @@ PyObject* Table_fast(Table* self, PyObject* const* args, Py_ssize_t nargs) {
         Py_RETURN_FALSE;
     PyObject* on_device = PyObject_GetAttr(tensor, self->device_flag);
     if (on_device == nullptr) return nullptr;
-    Py_DECREF(on_device);
+    seam_release(on_device);
     if (on_device != Py_True) Py_RETURN_FALSE;
     long stream_device = as_long(PyObject_GetAttr(stream, s_device_index));
     if (stream_device == -1 && PyErr_Occurred()) return nullptr;
@@ -486,7 +487,7 @@ PyObject* Table_fast(Table* self, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* storage = PyObject_CallMethodNoArgs(tensor, s_untyped_storage);
     if (storage == nullptr) return nullptr;
     PyObject* result = record_storage(self, tensor, stream, storage);
-    Py_DECREF(storage);
+    seam_release(storage);
     return result;
 }
 
@@ -528,7 +529,7 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
         if (stream_capturing != Py_None) {
             PyObject* answer = PyObject_CallOneArg(stream_capturing, fifo.stream);
             int capturing = answer == nullptr ? -1 : PyObject_IsTrue(answer);
-            Py_XDECREF(answer);
+            seam_release(answer);
             if (capturing < 0) return nullptr;
             if (capturing) continue;
         }
@@ -536,7 +537,7 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
             bump(self, QUERIES);
             PyObject* answer = PyObject_CallOneArg(self->call[QUERY], fifo.head->event);
             int fired = answer == nullptr ? -1 : PyObject_IsTrue(answer);
-            Py_XDECREF(answer);
+            seam_release(answer);
             if (fired < 0) return nullptr;
             if (!fired) break;  // later entries on this stream were recorded after it
             release_head(core, fifo, handle, drops.refs);
@@ -631,7 +632,7 @@ PyObject* Table_set_segments(Table* self, PyObject* rows) {
         self->core->segments.swap(segments);
         Py_RETURN_NONE;
     });
-    Py_DECREF(seq);
+    seam_release(seq);
     return result;  // the old table goes with `segments`, outside the lock
 }
 
@@ -659,7 +660,7 @@ int pending(Table* self, uintptr_t handle, PyObject* event, void* raw) {
     }
     PyObject* answer = PyObject_CallOneArg(self->call[QUERY], event);
     int fired = answer == nullptr ? -1 : PyObject_IsTrue(answer);
-    Py_XDECREF(answer);
+    seam_release(answer);
     return fired < 0 ? -1 : !fired;
 }
 
@@ -693,7 +694,7 @@ PyObject* pending_streams(Table* self, PyObject* storage, bool may_query) {
         stream_at += h.event != nullptr ? 2 : 1;
         int is_pending = may_query ? pending(self, h.handle, h.event, h.raw) : 1;
         if (is_pending < 0 || (is_pending && PyList_Append(out, stream) < 0)) {
-            Py_DECREF(out);
+            seam_release(out);
             return nullptr;
         }
     }
@@ -743,7 +744,7 @@ PyObject* synchronize(Table* self) {
     for (PyObject* event : events.refs) {
         PyObject* done = PyObject_CallMethodNoArgs(event, s_synchronize);
         if (done == nullptr) return nullptr;
-        Py_DECREF(done);
+        seam_release(done);
     }
     Py_RETURN_NONE;
 }
@@ -758,11 +759,11 @@ PyObject* Table_counts(Table* self, void*) {
     for (int i = 0; i < N_COUNTS; i++) {
         PyObject* v = PyLong_FromUnsignedLongLong(self->counts[i].load(std::memory_order_relaxed));
         if (v == nullptr || PyDict_SetItemString(out, kCountNames[i], v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(out);
+            seam_release(v);
+            seam_release(out);
             return nullptr;
         }
-        Py_DECREF(v);
+        seam_release(v);
     }
     return out;
 }
@@ -814,16 +815,16 @@ void clear_core(Core* core, const CudaCalls* cu) {
         Entry* e = item.second.head;
         while (e != nullptr) {
             Entry* next = e->next;
-            Py_DECREF(e->storage);
-            if (e->event != nullptr) Py_DECREF(e->event);
+            seam_release(e->storage);
+            if (e->event != nullptr) seam_release(e->event);
             else destroy_raw(e->raw);
             delete e;
             e = next;
         }
-        Py_DECREF(item.second.stream);
+        seam_release(item.second.stream);
     }
     for (auto& item : core->idle_events)
-        for (PyObject* event : item.second) Py_DECREF(event);
+        for (PyObject* event : item.second) seam_release(event);
     for (auto& item : core->idle_raw)
         for (void* raw : item.second) destroy_raw(raw);
     core->fifos.clear();
@@ -843,11 +844,11 @@ int Table_traverse(Table* self, visitproc visit, void* arg) {
 
 // (The runtime stays until dealloc: the core's raw events need its calls.)
 int Table_clear(Table* self) {
-    for (PyObject*& c : self->call) Py_CLEAR(c);
-    Py_CLEAR(self->device_flag);
-    Py_CLEAR(self->stream_type);
-    Py_CLEAR(self->tensor_type);
-    Py_CLEAR(self->underway);
+    for (PyObject*& c : self->call) SEAM_CLEAR(c);
+    SEAM_CLEAR(self->device_flag);
+    SEAM_CLEAR(self->stream_type);
+    SEAM_CLEAR(self->tensor_type);
+    SEAM_CLEAR(self->underway);
     return 0;
 }
 
@@ -861,7 +862,7 @@ void Table_dealloc(Table* self) {
         delete core;
     }
     self->cu = nullptr;
-    Py_CLEAR(self->runtime);
+    SEAM_CLEAR(self->runtime);
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -972,7 +973,7 @@ int CudaRuntime_init(CudaRuntime* self, PyObject* args, PyObject* kwargs) {
         return -1;
     if (self->library != nullptr) {
         PyErr_SetString(PyExc_TypeError, "CudaRuntime: already initialised");
-        Py_DECREF(path);
+        seam_release(path);
         return -1;
     }
     const char* missing = npl_holds::resolve(PyBytes_AS_STRING(path), &self->calls, &self->library);
@@ -981,10 +982,10 @@ int CudaRuntime_init(CudaRuntime* self, PyObject* args, PyObject* kwargs) {
             PyErr_Format(PyExc_OSError, "npu_lifetime: %s is not loaded in this process", PyBytes_AS_STRING(path));
         else
             PyErr_Format(PyExc_OSError, "npu_lifetime: %s has no %s", PyBytes_AS_STRING(path), missing);
-        Py_DECREF(path);
+        seam_release(path);
         return -1;
     }
-    Py_DECREF(path);
+    seam_release(path);
     return 0;
 }
 
@@ -1012,7 +1013,7 @@ int ready_cuda_runtime_type() {
 int add_type(PyObject* module, const char* name, PyTypeObject* type) {
     Py_INCREF(type);
     if (PyModule_AddObject(module, name, reinterpret_cast<PyObject*>(type)) < 0) {
-        Py_DECREF(type);
+        seam_release(type);
         return -1;
     }
     return 0;
@@ -1043,7 +1044,7 @@ PyMODINIT_FUNC PyInit__holds(void) {
     PyObject* module = PyModule_Create(&holds_module);
     if (module == nullptr) return nullptr;
     if (add_type(module, "Table", &TableType) < 0 || add_type(module, "CudaRuntime", &CudaRuntimeType) < 0) {
-        Py_DECREF(module);
+        seam_release(module);
         return nullptr;
     }
     return module;

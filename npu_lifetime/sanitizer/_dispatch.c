@@ -44,6 +44,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <structmember.h>
 
 enum {
@@ -79,8 +80,8 @@ static int frame_traverse(OpFrameObject *self, visitproc visit, void *arg) {
 }
 
 static int frame_clear(OpFrameObject *self) {
-    Py_CLEAR(self->site);
-    Py_CLEAR(self->held);
+    SEAM_CLEAR(self->site);
+    SEAM_CLEAR(self->held);
     return 0;
 }
 
@@ -94,7 +95,7 @@ static PyObject *frame_make(PyTypeObject *type, PyObject *site) {
     PyObject *held = PyList_New(0);
     OpFrameObject *self = held == NULL ? NULL : (OpFrameObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
-        Py_XDECREF(held);
+        seam_release(held);
         return NULL;
     }
     self->site = Py_NewRef(site);
@@ -148,7 +149,7 @@ static int flag(PyObject *plan, PyObject *name) {
     PyObject *value = PyObject_GetAttr(plan, name);
     if (value == NULL) return -1;
     int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
+    seam_release(value);
     return truth;
 }
 
@@ -159,7 +160,7 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
     if (key == NULL) return NULL;
     PyObject *entry = PyDict_GetItemWithError(plan_entries, key);
     if (entry != NULL && PyTuple_GET_ITEM(entry, P_FUNC) == func) {
-        Py_DECREF(key);
+        seam_release(key);
         return entry;
     }
     if (PyErr_Occurred()) goto fail;
@@ -180,22 +181,22 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
         entry = Py_BuildValue("(OlOOOOOOOO)", func, kind, plan, arguments, by_name, fresh,
                               allocates_only ? Py_False : Py_True, writes ? Py_True : Py_False, name, call);
     }
-    Py_XDECREF(call);
-    Py_DECREF(plan);
-    Py_XDECREF(training);
-    Py_XDECREF(arguments);
-    Py_XDECREF(by_name);
-    Py_XDECREF(fresh);
-    Py_XDECREF(name);
+    seam_release(call);
+    seam_release(plan);
+    seam_release(training);
+    seam_release(arguments);
+    seam_release(by_name);
+    seam_release(fresh);
+    seam_release(name);
     if (entry == NULL || PyDict_SetItem(plan_entries, key, entry) < 0) {
-        Py_XDECREF(entry);
+        seam_release(entry);
         goto fail;
     }
-    Py_DECREF(entry); /* the dict holds it */
-    Py_DECREF(key);
+    seam_release(entry); /* the dict holds it */
+    seam_release(key);
     return entry;
 fail:
-    Py_DECREF(key);
+    seam_release(key);
     return NULL;
 }
 
@@ -206,7 +207,7 @@ static PyObject *op_call(PyObject *state, PyObject *entry, PyObject *func) {
     if (call == func) return func;
     PyObject *now = PyObject_GetAttr((PyObject *)Py_TYPE(func), str_call);
     int same = now != NULL && now == PyTuple_GET_ITEM(state, S_FORWARDER);
-    Py_XDECREF(now);
+    seam_release(now);
     PyErr_Clear();
     return same ? call : func;
 }
@@ -215,7 +216,7 @@ static int call_each(PyObject *hooks, PyObject *const *args, size_t nargs) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hooks); i++) {
         PyObject *done = PyObject_Vectorcall(PyTuple_GET_ITEM(hooks, i), args, nargs, NULL);
         if (done == NULL) return -1;
-        Py_DECREF(done);
+        seam_release(done);
     }
     return 0;
 }
@@ -229,21 +230,21 @@ static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObje
     PyObject *outer = PyObject_GetAttr(on_thread, str_frame);
     if (outer == NULL) return NULL;
     if (PyObject_SetAttr(on_thread, str_frame, frame) < 0) {
-        Py_DECREF(outer);
+        seam_release(outer);
         return NULL;
     }
     PyObject *outputs = PyObject_Call(call, args, kwargs);
     PyObject *hook_args[2] = {func, args};
-    if (outputs != NULL && call_each(PyTuple_GET_ITEM(state, S_INSIDE), hook_args, 2) < 0) Py_CLEAR(outputs);
+    if (outputs != NULL && call_each(PyTuple_GET_ITEM(state, S_INSIDE), hook_args, 2) < 0) SEAM_CLEAR(outputs);
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     int restored = PyObject_SetAttr(on_thread, str_frame, outer);
-    Py_DECREF(outer);
+    seam_release(outer);
     if (restored < 0) {
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-        Py_XDECREF(outputs);
+        seam_release(type);
+        seam_release(value);
+        seam_release(traceback);
+        seam_release(outputs);
         return NULL;
     }
     if (outputs == NULL) {
@@ -255,13 +256,13 @@ static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObje
             if (value != NULL && traceback != NULL) PyException_SetTraceback(value, traceback);
             PyErr_NormalizeException(&t2, &v2, &tb2);
             if (value != NULL && v2 != NULL) PyException_SetContext(v2, Py_NewRef(value));
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(traceback);
+            seam_release(type);
+            seam_release(value);
+            seam_release(traceback);
             PyErr_Restore(t2, v2, tb2);
             return NULL;
         }
-        Py_DECREF(replayed);
+        seam_release(replayed);
         PyErr_Restore(type, value, traceback);
     }
     return outputs;
@@ -281,13 +282,13 @@ static PyObject *op_device(PyObject *state, PyObject *found) {
     for (Py_ssize_t i = 1; device != NULL && i < PyList_GET_SIZE(found); i++) {
         PyObject *other = PyObject_GetAttr(PyList_GET_ITEM(found, i), str_device_index);
         int same = other == NULL ? -1 : PyObject_RichCompareBool(other, device, Py_EQ);
-        Py_XDECREF(other);
+        seam_release(other);
         if (same == 0) {
-            Py_DECREF(device);
+            seam_release(device);
             PyObject *call[2] = {PyTuple_GET_ITEM(state, S_BACKEND), found};
             return PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_OP_DEVICE), call, 2, NULL);
         }
-        if (same < 0) Py_CLEAR(device);
+        if (same < 0) SEAM_CLEAR(device);
     }
     return device;
 }
@@ -303,7 +304,7 @@ static PyObject *current_stream(PyObject *state, PyObject *device) {
     PyObject *handle = PyObject_CallOneArg(handle_of, device);
     if (handle == NULL) return NULL;
     PyObject *key = PyTuple_Pack(2, device, handle);
-    Py_DECREF(handle);
+    seam_release(handle);
     return key;
 }
 
@@ -315,10 +316,10 @@ static PyObject *apply_accesses(PyObject *state, PyObject *stream, PyObject *fou
     PyObject *lock = PyTuple_GET_ITEM(state, S_LOCK);
     PyObject *entered = PyObject_CallMethodNoArgs(lock, str_enter);
     if (entered == NULL) return NULL;
-    Py_DECREF(entered);
+    seam_release(entered);
     PyObject *known = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_HAS_STREAM), stream);
     int has = known == NULL ? -1 : PyObject_IsTrue(known);
-    Py_XDECREF(known);
+    seam_release(known);
     PyObject *races = NULL, *added = NULL;
     if (has > 0) {
         PyObject *call[10] = {found, PyTuple_GET_ITEM(state, S_LIVE), PyTuple_GET_ITEM(state, S_SIZELESS),
@@ -336,18 +337,18 @@ static PyObject *apply_accesses(PyObject *state, PyObject *stream, PyObject *fou
     if (value != NULL && traceback != NULL) PyException_SetTraceback(value, traceback);
     PyObject *exit_args[4] = {lock, type ? type : Py_None, value ? value : Py_None, traceback ? traceback : Py_None};
     PyObject *exited = PyObject_VectorcallMethod(str_exit, exit_args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_XDECREF(races);
+    seam_release(races);
     if (exited == NULL) { /* raised by the exit itself: that error wins */
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-        Py_XDECREF(added);
+        seam_release(type);
+        seam_release(value);
+        seam_release(traceback);
+        seam_release(added);
         return NULL;
     }
-    Py_DECREF(exited);
+    seam_release(exited);
     PyErr_Restore(type, value, traceback);
     if (has < 0 || (has > 0 && added == NULL)) {
-        Py_XDECREF(added);
+        seam_release(added);
         return NULL;
     }
     if (has == 0) { /* a new stream */
@@ -357,7 +358,7 @@ static PyObject *apply_accesses(PyObject *state, PyObject *stream, PyObject *fou
     int any_new = PyObject_IsTrue(added);
     PyObject *error = any_new > 0 ? PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_ANNOUNCE), added)
                                   : any_new == 0 ? Py_NewRef(Py_None) : NULL;
-    Py_DECREF(added);
+    seam_release(added);
     return error;
 }
 
@@ -372,7 +373,7 @@ static int feed_accesses(PyObject *state, PyObject *entry, PyObject *frame, PyOb
     int failed = !PyList_Check(found);
     if (failed) PyErr_SetString(PyExc_TypeError, "_scan.op returned no list");
     if (failed || PyList_GET_SIZE(found) == 0) {
-        Py_DECREF(found);
+        seam_release(found);
         return failed ? -1 : 0;
     }
     PyObject *device = op_device(state, found), *current = NULL, *site = NULL, *error = NULL;
@@ -380,11 +381,11 @@ static int feed_accesses(PyObject *state, PyObject *entry, PyObject *frame, PyOb
     if (current != NULL) site = PyObject_GetAttr(frame, str_site);
     if (site != NULL) error = apply_accesses(state, current, found, site, PyTuple_GET_ITEM(entry, P_NAME));
     failed = error == NULL || raise_unless_none(error) < 0;
-    Py_XDECREF(error);
-    Py_XDECREF(site);
-    Py_XDECREF(current);
-    Py_XDECREF(device);
-    Py_DECREF(found);
+    seam_release(error);
+    seam_release(site);
+    seam_release(current);
+    seam_release(device);
+    seam_release(found);
     return failed ? -1 : 0;
 }
 
@@ -395,12 +396,12 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
     capture_args[1] = PyLong_FromLong(0);
     if (capture_args[1] == NULL) return NULL;
     PyObject *site = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_CAPTURE), capture_args, 2, NULL);
-    Py_DECREF(capture_args[1]);
+    seam_release(capture_args[1]);
     PyObject *frame_class = PyTuple_GET_ITEM(state, S_OP_FRAME); /* this file's OpFrame: made with no argument parsing */
     PyObject *frame = site == NULL                                  ? NULL
                       : frame_class == (PyObject *)&OpFrameType ? frame_make(&OpFrameType, site)
                                                                   : PyObject_CallOneArg(frame_class, site);
-    Py_XDECREF(site);
+    seam_release(site);
     if (frame == NULL) return NULL;
     PyObject *written_before = Py_NewRef(Py_None), *outputs = NULL, *held = NULL;
     if (PyTuple_GET_ITEM(entry, P_WRITES) == Py_True) {
@@ -417,15 +418,15 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
         PyObject *call[7] = {func, PyTuple_GET_ITEM(entry, P_PLAN), args, kwargs, outputs, frame, written_before};
         PyObject *error = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_FEED_HELD), call, 7, NULL);
         failed = error == NULL || raise_unless_none(error) < 0;
-        Py_XDECREF(error);
+        seam_release(error);
     } else {
         failed = any_held < 0 || feed_accesses(state, entry, frame, args, kwargs, outputs, written_before) < 0;
     }
-    if (failed) Py_CLEAR(outputs);
+    if (failed) SEAM_CLEAR(outputs);
 done:
-    Py_XDECREF(held);
-    Py_XDECREF(written_before);
-    Py_DECREF(frame);
+    seam_release(held);
+    seam_release(written_before);
+    seam_release(frame);
     return outputs;
 }
 
@@ -447,7 +448,7 @@ static PyObject *try_op(PyObject *state, PyObject *func, PyObject *args, PyObjec
     if (call_each(PyTuple_GET_ITEM(state, S_BEFORE), NULL, 0) == 0)
         result = kind == KIND_NO_DATA ? PyObject_Call(op_call(state, entry, func), args, kwargs)
                                       : common_op(state, entry, func, args, kwargs);
-    Py_DECREF(entry);
+    seam_release(entry);
     return result;
 }
 
@@ -461,7 +462,7 @@ static PyObject *call_body(PyObject *target, PyObject *mode, PyObject *const *ar
     for (Py_ssize_t i = 0; i < total; i++) call[i + 1] = args[i];
     Py_INCREF(target); /* a configure() during the call must not free it under us */
     PyObject *result = PyObject_Vectorcall(target, call, nargs + 1, kwnames);
-    Py_DECREF(target);
+    seam_release(target);
     if (call != small) PyMem_Free(call);
     return result;
 }
@@ -473,19 +474,19 @@ static PyObject *dispatch(PyObject *mode, PyObject *const *args, size_t nargsf, 
     if (prior == NULL) return NULL;
     if (prior != Py_None) { /* Dynamo is active: its callback back, and torch's own wrapper */
         PyObject *back = PyObject_CallOneArg(set_eval_frame, prior);
-        Py_DECREF(prior);
+        seam_release(prior);
         if (back == NULL) return NULL;
-        Py_DECREF(back);
+        seam_release(back);
         return call_body(dispatch_wrapped, mode, args, nargs, kwnames);
     }
-    Py_DECREF(prior);
+    seam_release(prior);
     PyObject *state = common_state;
     if (state != NULL && kwnames == NULL && nargs >= 3) {
         Py_INCREF(state); /* a common() during the op must not free it under us */
         PyObject *kwargs = nargs > 3 && args[3] != Py_None ? Py_NewRef(args[3]) : PyDict_New();
         PyObject *result = kwargs == NULL ? NULL : try_op(state, args[0], args[2], kwargs);
-        Py_XDECREF(kwargs);
-        Py_DECREF(state);
+        seam_release(kwargs);
+        seam_release(state);
         if (result != NOT_MINE) return result;
     }
     return call_body(dispatch_body, mode, args, nargs, kwnames);
@@ -565,6 +566,6 @@ PyMODINIT_FUNC PyInit__dispatch(void) {
         return NULL;
     if (PyType_Ready(&OpFrameType) < 0) return NULL;
     PyObject *made = PyModule_Create(&module);
-    if (made != NULL && PyModule_AddObjectRef(made, "OpFrame", (PyObject *)&OpFrameType) < 0) Py_CLEAR(made);
+    if (made != NULL && PyModule_AddObjectRef(made, "OpFrame", (PyObject *)&OpFrameType) < 0) SEAM_CLEAR(made);
     return made;
 }

@@ -49,7 +49,7 @@ static int ensure_stream(EventFeed *f, PyObject *key) { return host_ensure_strea
 static int call_dropped(PyObject *callable, PyObject *const *args, size_t nargs) {
     PyObject *done = PyObject_Vectorcall(callable, args, nargs, NULL);
     if (done == NULL) return -1;
-    Py_DECREF(done);
+    seam_release(done);
     return 0;
 }
 
@@ -58,7 +58,7 @@ static int keep_found(EventFeed *f, PyObject *found) {
     if (found == NULL) return -1;
     int any = PyObject_IsTrue(found);
     int failed = any < 0 || (any && call_dropped(f->keep, &found, 1) < 0);
-    Py_DECREF(found);
+    seam_release(found);
     return failed ? -1 : 0;
 }
 
@@ -164,9 +164,9 @@ static int feed_init(EventFeed *f, PyObject *args, PyObject *kwds) {
         EVENT_FEED_FIELDS(SET)
 #undef SET
     }
-    Py_XDECREF(acquire);
-    Py_XDECREF(release);
-#define DROP(name) Py_XDECREF(name);
+    seam_release(acquire);
+    seam_release(release);
+#define DROP(name) seam_release(name);
     MODEL_METHODS(DROP)
 #undef DROP
     return failed ? -1 : 0;
@@ -180,7 +180,7 @@ static int feed_traverse(EventFeed *f, visitproc visit, void *arg) {
 }
 
 static int feed_clear(EventFeed *f) {
-#define CLEAR(name) Py_CLEAR(f->name);
+#define CLEAR(name) SEAM_CLEAR(f->name);
     EVENT_FEED_FIELDS(CLEAR)
 #undef CLEAR
     return 0;
@@ -212,7 +212,7 @@ PyMODINIT_FUNC PyInit__event_feed(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "EventFeed", (PyObject *)&EventFeedType) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

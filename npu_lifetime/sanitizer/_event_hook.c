@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <stddef.h>
 
 static PyObject *str_sinks, *str_frame, *str_held;
@@ -49,15 +50,15 @@ static PyObject *delivered_args(Event *e, PyObject *const *args, Py_ssize_t narg
     if (device == NULL) return NULL;
     if (e->keying == DEVICE_ONLY) {
         PyObject *only = PyTuple_Pack(1, device);
-        Py_DECREF(device);
+        seam_release(device);
         return only;
     }
     PyObject *key = PyTuple_Pack(2, device, args[nargs - 1]);
-    Py_DECREF(device);
+    seam_release(device);
     if (key == NULL) return NULL;
     PyObject *delivered = tuple_of(args, nargs);
     if (delivered != NULL) Py_SETREF(PyTuple_GET_ITEM(delivered, nargs - 1), key);
-    else Py_DECREF(key);
+    else seam_release(key);
     return delivered;
 }
 
@@ -66,17 +67,17 @@ static int hold(Event *e, PyObject *delivered) {
     PyObject *frame = PyObject_GetAttr(e->on_thread, str_frame);
     if (frame == NULL) return -1;
     if (frame == Py_None) {
-        Py_DECREF(frame);
+        seam_release(frame);
         return 0;
     }
     PyObject *held = PyObject_GetAttr(frame, str_held);
-    Py_DECREF(frame);
+    seam_release(frame);
     if (held == NULL) return -1;
     PyObject *entry = PyTuple_Pack(3, e->hub, e->name, delivered);
     int failed = entry == NULL ? -1 : PyList_Check(held) ? PyList_Append(held, entry) : -2;
     if (failed == -2) PyErr_SetString(PyExc_TypeError, "an op frame's held events must be a list");
-    Py_XDECREF(entry);
-    Py_DECREF(held);
+    seam_release(entry);
+    seam_release(held);
     return failed < 0 ? -1 : 1;
 }
 
@@ -92,7 +93,7 @@ static int deliver(Event *e, PyObject *sinks, PyObject *delivered) {
         call[0] = PyTuple_GET_ITEM(sinks, i);
         PyObject *done = PyObject_VectorcallMethod(e->name, call, (size_t)(nargs + 1), NULL);
         if (done == NULL) return -1;
-        Py_DECREF(done);
+        seam_release(done);
     }
     return 0;
 }
@@ -105,7 +106,7 @@ static PyObject *event_call(Event *e, PyObject *const *args, size_t nargsf, PyOb
     PyObject *sinks = PyObject_GetAttr(e->hub, str_sinks);
     if (sinks == NULL) return NULL;
     if (!PyTuple_Check(sinks)) {
-        Py_DECREF(sinks);
+        seam_release(sinks);
         PyErr_SetString(PyExc_TypeError, "hub.sinks must be a tuple");
         return NULL;
     }
@@ -114,9 +115,9 @@ static PyObject *event_call(Event *e, PyObject *const *args, size_t nargsf, PyOb
         PyObject *delivered = delivered_args(e, args, PyVectorcall_NARGS(nargsf));
         int held = delivered == NULL ? -1 : e->held ? hold(e, delivered) : 0;
         failed = held < 0 ? -1 : held == 0 ? deliver(e, sinks, delivered) : 0;
-        Py_XDECREF(delivered);
+        seam_release(delivered);
     }
-    Py_DECREF(sinks);
+    seam_release(sinks);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
@@ -152,10 +153,10 @@ static int event_traverse(Event *e, visitproc visit, void *arg) {
 }
 
 static int event_clear(Event *e) {
-    Py_CLEAR(e->hub);
-    Py_CLEAR(e->name);
-    Py_CLEAR(e->on_thread);
-    Py_CLEAR(e->device);
+    SEAM_CLEAR(e->hub);
+    SEAM_CLEAR(e->name);
+    SEAM_CLEAR(e->on_thread);
+    SEAM_CLEAR(e->device);
     return 0;
 }
 
@@ -204,7 +205,7 @@ PyMODINIT_FUNC PyInit__event_hook(void) {
         PyModule_AddIntConstant(m, "KEY_LAST", KEY_LAST) < 0 ||
         PyModule_AddIntConstant(m, "DEVICE_ONLY", DEVICE_ONLY) < 0 ||
         PyModule_AddObjectRef(m, "Event", (PyObject *)&EventType) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

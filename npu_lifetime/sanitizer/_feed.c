@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 
 static PyObject *str_storage, *str_accessed, *str_is_write, *str_names, *str_tensor, *str_untyped_storage,
     *str_nbytes;
@@ -59,7 +60,7 @@ static int flag(PyObject *entry, PyObject *name) {
     PyObject *value = attribute(entry, name);
     if (value == NULL) return -1;
     int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
+    seam_release(value);
     return truth;
 }
 
@@ -67,9 +68,9 @@ static int flag(PyObject *entry, PyObject *name) {
 static int size_from(PyObject *entry, PyObject *sid, PyObject *sizeless, PyObject *set_size) {
     PyObject *tensor = attribute(entry, str_tensor);
     PyObject *storage = tensor != NULL ? PyObject_CallMethodNoArgs(tensor, str_untyped_storage) : NULL;
-    Py_XDECREF(tensor);
+    seam_release(tensor);
     PyObject *nbytes = storage != NULL ? PyObject_CallMethodNoArgs(storage, str_nbytes) : NULL;
-    Py_XDECREF(storage);
+    seam_release(storage);
     if (nbytes == NULL) return -1;
     int known = PyObject_IsTrue(nbytes);
     PyObject *done = NULL;
@@ -77,8 +78,8 @@ static int size_from(PyObject *entry, PyObject *sid, PyObject *sizeless, PyObjec
         PyObject *args[2] = {sid, nbytes};
         done = PyObject_Vectorcall(set_size, args, 2, NULL);
     }
-    Py_DECREF(nbytes);
-    Py_XDECREF(done);
+    seam_release(nbytes);
+    seam_release(done);
     return known < 0 || (known > 0 && done == NULL) ? -1 : 0;
 }
 
@@ -89,7 +90,7 @@ static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless,
     PyObject *address = attribute(entry, str_storage);
     if (address == NULL) return NULL;
     PyObject *sid = PyDict_GetItemWithError(live, address);
-    Py_DECREF(address);
+    seam_release(address);
     if (sid == NULL) {
         if (PyErr_Occurred()) return NULL;
         PyObject *call[3] = {entry, fresh_stream, site};
@@ -99,7 +100,7 @@ static PyObject *storage_id(PyObject *entry, PyObject *live, PyObject *sizeless,
     if (PySet_GET_SIZE(sizeless) > 0) {
         int unsized = PySet_Contains(sizeless, sid);
         if (unsized < 0 || (unsized > 0 && size_from(entry, sid, sizeless, set_size) < 0)) {
-            Py_DECREF(sid);
+            seam_release(sid);
             return NULL;
         }
     }
@@ -114,16 +115,16 @@ static int access_one(PyObject *entry, PyObject *sid, PyObject *access, PyObject
     PyObject *names = attribute(entry, str_names);
     if (names == NULL) return -1;
     PyObject *names_tuple = PySequence_Tuple(names);
-    Py_DECREF(names);
+    seam_release(names);
     if (names_tuple == NULL) return -1;
     PyObject *args[6] = {sid, stream, is_write ? Py_True : Py_False, op_name, site, names_tuple};
     PyObject *found = PyObject_Vectorcall(access, args, 6, NULL);
-    Py_DECREF(names_tuple);
+    seam_release(names_tuple);
     if (found == NULL) return -1;
     int failed = 0;
     if (PyList_Check(found) && PyList_GET_SIZE(found) > 0)
         failed = PyList_SetSlice(races, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, found);
-    Py_DECREF(found);
+    seam_release(found);
     return failed;
 }
 
@@ -144,9 +145,9 @@ static PyObject *feed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyObject *sid = storage_id(entry, live, sizeless, first_sight, set_size, fresh_stream, site);
         int accessed = sid != NULL ? flag(entry, str_accessed) : -1;
         int failed = accessed < 0 || (accessed && access_one(entry, sid, access, stream, op_name, site, races) < 0);
-        Py_XDECREF(sid);
+        seam_release(sid);
         if (failed) {
-            Py_DECREF(races);
+            seam_release(races);
             return NULL;
         }
     }

@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <frameobject.h>
 #include <structmember.h>
 
@@ -46,11 +47,11 @@ static int site_traverse(SiteObject *self, visitproc visit, void *arg) {
 }
 
 static int site_clear(SiteObject *self) {
-    Py_CLEAR(self->raw_frames);
-    Py_CLEAR(self->raw_library);
-    Py_CLEAR(self->context);
-    Py_CLEAR(self->frames);
-    Py_CLEAR(self->library);
+    SEAM_CLEAR(self->raw_frames);
+    SEAM_CLEAR(self->raw_library);
+    SEAM_CLEAR(self->context);
+    SEAM_CLEAR(self->frames);
+    SEAM_CLEAR(self->library);
     return 0;
 }
 
@@ -132,7 +133,7 @@ static int code_kind(PyCodeObject *code) {
     PyObject *kind = PyObject_CallOneArg(classify_fn, code->co_filename);
     if (kind == NULL) return -1;
     long value = PyLong_AsLong(kind);
-    Py_DECREF(kind);
+    seam_release(kind);
     if (value == -1 && PyErr_Occurred()) return -1;
     if (value < KIND_USER || value > KIND_LIBRARY) {
         PyErr_Format(PyExc_ValueError, "classify returned %ld, not a kind", value);
@@ -150,15 +151,15 @@ static PyObject *pairs(PyCodeObject **codes, int *lasti, Py_ssize_t n) {
         PyObject *offset = PyLong_FromLong(lasti[i]);
         PyObject *pair = offset != NULL ? PyTuple_New(2) : NULL;
         if (pair == NULL) {
-            Py_XDECREF(offset);
-            Py_CLEAR(tuple);
+            seam_release(offset);
+            SEAM_CLEAR(tuple);
             break;
         }
         PyTuple_SET_ITEM(pair, 0, (PyObject *)codes[i]); /* stolen */
         PyTuple_SET_ITEM(pair, 1, offset);
         PyTuple_SET_ITEM(tuple, i, pair);
     }
-    for (; i < n; i++) Py_DECREF(codes[i]); /* not handed to the tuple */
+    for (; i < n; i++) seam_release(codes[i]); /* not handed to the tuple */
     return tuple;
 }
 
@@ -185,10 +186,10 @@ static PyObject *capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyObject *site = in_phase > 0 ? PyObject_CallFunctionObjArgs((PyObject *)site_class, empty_tuple,
                                                                      empty_tuple, text, NULL)
                                       : NULL;
-        Py_DECREF(text);
+        seam_release(text);
         return site;
     }
-    Py_DECREF(text);
+    seam_release(text);
     PyCodeObject *user[WALK_LIMIT], *library[WALK_LIMIT];
     int user_lasti[WALK_LIMIT], library_lasti[WALK_LIMIT];
     Py_ssize_t n_user = 0, n_library = 0;
@@ -197,7 +198,7 @@ static PyObject *capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_XINCREF(frame);
     for (long i = 0; i < skip && frame != NULL; i++) {
         PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
+        seam_release(frame);
         frame = back;
     }
     for (long walked = 0; frame != NULL && walked < max_walk_cfg; walked++) {
@@ -219,25 +220,25 @@ static PyObject *capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         } else if (!failed && kind == KIND_RUNNER && n_user > 0) {
             stop = 1;
         }
-        if (!kept) Py_DECREF(code);
+        if (!kept) seam_release(code);
         if (failed || stop) break;
         PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
+        seam_release(frame);
         frame = back;
     }
-    Py_XDECREF(frame);
+    seam_release(frame);
     if (failed) {
-        for (Py_ssize_t i = 0; i < n_user; i++) Py_DECREF(user[i]);
-        for (Py_ssize_t i = 0; i < n_library; i++) Py_DECREF(library[i]);
+        for (Py_ssize_t i = 0; i < n_user; i++) seam_release(user[i]);
+        for (Py_ssize_t i = 0; i < n_library; i++) seam_release(library[i]);
         return NULL;
     }
     PyObject *frames_tuple = pairs(user, user_lasti, n_user);
     PyObject *library_tuple = pairs(library, library_lasti, n_library);
     if (frames_tuple == NULL || library_tuple == NULL) goto fail;
     if (n_user == 0) {
-        Py_DECREF(frames_tuple);
+        seam_release(frames_tuple);
         PyObject *site = PyObject_CallOneArg(frameless_fn, library_tuple);
-        Py_DECREF(library_tuple);
+        seam_release(library_tuple);
         return site;
     }
     SiteObject *site = (SiteObject *)site_class->tp_alloc(site_class, 0);
@@ -249,8 +250,8 @@ static PyObject *capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     site->library = Py_NewRef(Py_None);
     return (PyObject *)site;
 fail:
-    Py_XDECREF(frames_tuple);
-    Py_XDECREF(library_tuple);
+    seam_release(frames_tuple);
+    seam_release(library_tuple);
     return NULL;
 }
 
@@ -289,7 +290,7 @@ PyMODINIT_FUNC PyInit__frames(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "SiteBase", (PyObject *)&SiteBase) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

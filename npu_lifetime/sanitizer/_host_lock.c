@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <pythread.h>
 
 typedef struct {
@@ -23,12 +24,12 @@ static int set_host(HostLock *l) {
     PyObject *host = PyObject_GetAttr(l->sanitizer, str_host);
     if (host == NULL) return -1;
     unsigned long ident = PyLong_AsUnsignedLong(host);
-    Py_DECREF(host);
+    seam_release(host);
     if (ident == (unsigned long)-1 && PyErr_Occurred()) return -1;
     if (ident == PyThread_get_thread_ident()) return 0;
     PyObject *done = PyObject_CallMethodNoArgs(l->sanitizer, str_set_host);
     if (done == NULL) return -1;
-    Py_DECREF(done);
+    seam_release(done);
     return 0;
 }
 
@@ -36,11 +37,11 @@ static PyObject *lock_enter(HostLock *l, PyObject *unused) {
     (void)unused;
     PyObject *held = PyObject_CallNoArgs(l->acquire);
     if (held == NULL) return NULL;
-    Py_DECREF(held);
+    seam_release(held);
     if (set_host(l) < 0) {
         PyObject *type, *value, *trace;
         PyErr_Fetch(&type, &value, &trace);
-        Py_XDECREF(PyObject_CallNoArgs(l->release));
+        seam_release(PyObject_CallNoArgs(l->release));
         PyErr_Restore(type, value, trace);
         return NULL;
     }
@@ -52,7 +53,7 @@ static PyObject *lock_exit(HostLock *l, PyObject *const *args, Py_ssize_t nargs)
     (void)nargs;
     PyObject *done = PyObject_CallNoArgs(l->release);
     if (done == NULL) return NULL;
-    Py_DECREF(done);
+    seam_release(done);
     Py_RETURN_FALSE;
 }
 
@@ -81,7 +82,7 @@ static int lock_init(HostLock *l, PyObject *args, PyObject *kwds) {
     PyObject *acquire = PyObject_GetAttrString(rlock, "acquire");
     PyObject *release = acquire != NULL ? PyObject_GetAttrString(rlock, "release") : NULL;
     if (release == NULL) {
-        Py_XDECREF(acquire);
+        seam_release(acquire);
         return -1;
     }
     Py_XSETREF(l->acquire, acquire);
@@ -98,9 +99,9 @@ static int lock_traverse(HostLock *l, visitproc visit, void *arg) {
 }
 
 static int lock_clear(HostLock *l) {
-    Py_CLEAR(l->acquire);
-    Py_CLEAR(l->release);
-    Py_CLEAR(l->sanitizer);
+    SEAM_CLEAR(l->acquire);
+    SEAM_CLEAR(l->release);
+    SEAM_CLEAR(l->sanitizer);
     return 0;
 }
 
@@ -133,7 +134,7 @@ PyMODINIT_FUNC PyInit__host_lock(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "HostLock", (PyObject *)&HostLockType) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

@@ -15,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <structmember.h>
 
 /* accesses.StorageAccess's base: its slots (access_object.h), so that the
@@ -34,13 +35,13 @@ static int access_traverse(AccessObject *self, visitproc visit, void *arg) {
 }
 
 static int access_clear(AccessObject *self) {
-    Py_CLEAR(self->storage);
-    Py_CLEAR(self->is_write);
-    Py_CLEAR(self->tensor);
-    Py_CLEAR(self->names);
-    Py_CLEAR(self->device_index);
-    Py_CLEAR(self->fresh);
-    Py_CLEAR(self->accessed);
+    SEAM_CLEAR(self->storage);
+    SEAM_CLEAR(self->is_write);
+    SEAM_CLEAR(self->tensor);
+    SEAM_CLEAR(self->names);
+    SEAM_CLEAR(self->device_index);
+    SEAM_CLEAR(self->fresh);
+    SEAM_CLEAR(self->accessed);
     return 0;
 }
 
@@ -85,7 +86,7 @@ static int storage_address(PyObject *t, uintptr_t *out) {
     *out = 0;
     PyObject *storage = PyObject_CallMethodNoArgs(t, str_untyped_storage);
     PyObject *ptr = storage ? PyObject_CallMethodNoArgs(storage, str_data_ptr) : NULL;
-    Py_XDECREF(storage);
+    seam_release(storage);
     if (ptr == NULL) {
         if (PyErr_ExceptionMatches(PyExc_RuntimeError) || PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
             PyErr_Clear();
@@ -94,7 +95,7 @@ static int storage_address(PyObject *t, uintptr_t *out) {
         return -1;
     }
     *out = (uintptr_t)PyLong_AsVoidPtr(ptr);
-    Py_DECREF(ptr);
+    seam_release(ptr);
     return PyErr_Occurred() ? -1 : 0;
 }
 
@@ -133,7 +134,7 @@ static int get_flag(PyObject *entry, PyObject *name) {
     PyObject *v = get_attr(entry, name);
     if (v == NULL) return -1;
     int truth = PyObject_IsTrue(v);
-    Py_DECREF(v);
+    seam_release(v);
     return truth;
 }
 
@@ -142,7 +143,7 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
     PyObject *tracks = PyObject_CallOneArg(tracked, t);
     if (tracks == NULL) return -1;
     int yes = PyObject_IsTrue(tracks);
-    Py_DECREF(tracks);
+    seam_release(tracks);
     if (yes <= 0) return yes;
     uintptr_t address;
     if (storage_address(t, &address) < 0) return -1;
@@ -156,7 +157,7 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
         PyObject *device = PyObject_CallMethodNoArgs(t, str_get_device);
         if (device == NULL) goto fail;
         long index = PyLong_AsLong(device);
-        Py_DECREF(device);
+        seam_release(device);
         if (index == -1 && PyErr_Occurred()) goto fail;
         if (access_class_native) { /* StorageAccess.__init__, here */
             PyObject *names = PyList_New(0);
@@ -166,8 +167,8 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
                                            ->tp_alloc((PyTypeObject *)storage_access_class, 0)
                                      : NULL;
             if (made == NULL) {
-                Py_XDECREF(names);
-                Py_XDECREF(device_index);
+                seam_release(names);
+                seam_release(device_index);
                 goto fail;
             }
             made->storage = Py_NewRef(key);
@@ -184,13 +185,13 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
             if (entry == NULL) goto fail;
         }
         failed = PyDict_SetItem(found, key, entry);
-        Py_DECREF(entry); /* found holds it */
+        seam_release(entry); /* found holds it */
         if (failed) goto fail;
     } else {
         int entry_fresh = get_flag(entry, str_fresh);
         if (entry_fresh < 0) goto fail;
         if (fresh && !entry_fresh) { /* an undeclared alias of an input: a view, no data written */
-            Py_DECREF(key);
+            seam_release(key);
             return 0;
         }
         int accessed = get_flag(entry, str_accessed);
@@ -202,11 +203,11 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
     PyObject *names = get_attr(entry, str_names);
     if (names == NULL) goto fail;
     failed = PyList_Append(names, name);
-    Py_DECREF(names);
-    Py_DECREF(key);
+    seam_release(names);
+    seam_release(key);
     return failed;
 fail:
-    Py_DECREF(key);
+    seam_release(key);
     return -1;
 }
 
@@ -232,7 +233,7 @@ static int each_tensor(PyObject *value, TensorVisit visit, void *context) {
         int failed = 0;
         for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(items); i++)
             failed = each_tensor(PySequence_Fast_GET_ITEM(items, i), visit, context);
-        Py_DECREF(items);
+        seam_release(items);
         return failed;
     }
     PyObject *iterator = PyObject_CallOneArg(tensors_fn, value);
@@ -241,9 +242,9 @@ static int each_tensor(PyObject *value, TensorVisit visit, void *context) {
     int failed = 0;
     while (!failed && (t = PyIter_Next(iterator)) != NULL) {
         failed = visit(t, context);
-        Py_DECREF(t);
+        seam_release(t);
     }
-    Py_DECREF(iterator);
+    seam_release(iterator);
     return failed || PyErr_Occurred() ? -1 : 0;
 }
 
@@ -369,7 +370,7 @@ static PyObject *op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *positional[4] = {found, args[0], args[4], tracked};
     PyObject *done = arguments(self, positional, 4);
     if (done == NULL) goto fail;
-    Py_DECREF(done);
+    seam_release(done);
     if (kwargs != Py_None && PyDict_GET_SIZE(kwargs) > 0) {
         Py_ssize_t pos = 0;
         PyObject *name, *value;
@@ -395,7 +396,7 @@ static PyObject *op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             failed = fresh < 0 ||
                      (fresh && note_all(found, PyTuple_GET_ITEM(values, i), written, str_out, 1, tracked) < 0);
         }
-        Py_DECREF(values);
+        seam_release(values);
         if (failed) goto fail;
     }
     int moved_any = written_before == Py_None ? 0 : PyObject_IsTrue(written_before);
@@ -419,24 +420,24 @@ static PyObject *op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 break;
             }
             PyObject *entry = PyDict_GetItemWithError(found, key); /* borrowed */
-            Py_DECREF(key);
+            seam_release(key);
             if (entry == NULL) {
                 failed = PyErr_Occurred() != NULL;
                 continue;
             }
             PyObject *storage = get_attr(entry, str_storage);
             int moved = storage == NULL ? -1 : PyObject_RichCompareBool(storage, PyTuple_GET_ITEM(pair, 1), Py_NE);
-            Py_XDECREF(storage);
+            seam_release(storage);
             failed = moved < 0 || (moved && set_flag(entry, str_fresh, 1) < 0);
         }
-        Py_DECREF(pairs);
+        seam_release(pairs);
         if (failed) goto fail;
     }
     PyObject *list = PyDict_Values(found);
-    Py_DECREF(found);
+    seam_release(found);
     return list;
 fail:
-    Py_DECREF(found);
+    seam_release(found);
     return NULL;
 }
 
@@ -447,9 +448,9 @@ static int written_pair(PyObject *t, void *found) {
     if (storage_address(t, &address) < 0) return -1;
     PyObject *key = PyLong_FromVoidPtr((void *)address);
     PyObject *pair = key == NULL ? NULL : PyTuple_Pack(2, t, key);
-    Py_XDECREF(key);
+    seam_release(key);
     int failed = pair == NULL || PyList_Append(found, pair) < 0;
-    Py_XDECREF(pair);
+    seam_release(pair);
     return failed ? -1 : 0;
 }
 
@@ -483,7 +484,7 @@ static PyObject *written(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     return found;
 fail:
-    Py_DECREF(found);
+    seam_release(found);
     return NULL;
 }
 
@@ -517,7 +518,7 @@ PyMODINIT_FUNC PyInit__scan(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "AccessBase", (PyObject *)&AccessBase) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

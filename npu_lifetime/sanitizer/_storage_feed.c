@@ -63,11 +63,11 @@ static PyObject *leave(StorageFeed *f, PyObject *result) { return host_leave(f->
 static PyObject *op_site(StorageFeed *f) {
     PyObject *frame = PyObject_GetAttr(f->on_thread, str_frame);
     if (frame == NULL || frame == Py_None) {
-        Py_XDECREF(frame);
+        seam_release(frame);
         return NULL;
     }
     PyObject *site = PyObject_GetAttr(frame, str_site);
-    Py_DECREF(frame);
+    seam_release(frame);
     return site;
 }
 
@@ -93,7 +93,7 @@ static PyObject *pop(PyObject *dict, PyObject *key) {
     if (value == NULL) return NULL;
     Py_INCREF(value);
     if (PyDict_DelItem(dict, key) < 0) {
-        Py_DECREF(value);
+        seam_release(value);
         return NULL;
     }
     return value;
@@ -105,7 +105,7 @@ static int ensure_stream(StorageFeed *f, PyObject *key) { return host_ensure_str
 /* StorageTable.allocate(address, size, key, site): a new reference to the storage id. */
 static PyObject *table_allocate(StorageFeed *f, PyObject *address, PyObject *size, PyObject *key, PyObject *site) {
     if (PyDict_GET_SIZE(f->blocks_before) > 0) {
-        Py_XDECREF(pop(f->blocks_before, address));
+        seam_release(pop(f->blocks_before, address));
         if (PyErr_Occurred()) return NULL;
     }
     PyObject *old = pop(f->live, address);
@@ -113,9 +113,9 @@ static PyObject *table_allocate(StorageFeed *f, PyObject *address, PyObject *siz
         int gone = PySet_Discard(f->sizeless, old);
         PyObject *args[2] = {old, site};
         PyObject *found = gone < 0 ? NULL : PyObject_Vectorcall(f->free, args, 2, NULL);
-        Py_DECREF(old);
+        seam_release(old);
         if (found == NULL) return NULL;
-        Py_DECREF(found);
+        seam_release(found);
     } else if (PyErr_Occurred()) {
         return NULL;
     }
@@ -123,16 +123,16 @@ static PyObject *table_allocate(StorageFeed *f, PyObject *address, PyObject *siz
     if (sid == NULL) return NULL;
     int truth = PyObject_IsTrue(size);
     if (truth < 0 || PyDict_SetItem(f->live, address, sid) < 0 || (!truth && PySet_Add(f->sizeless, sid) < 0)) {
-        Py_DECREF(sid);
+        seam_release(sid);
         return NULL;
     }
     PyObject *args[5] = {sid, key, address, size, site};
     PyObject *done = PyObject_Vectorcall(f->allocate, args, 5, NULL);
     if (done == NULL) {
-        Py_DECREF(sid);
+        seam_release(sid);
         return NULL;
     }
-    Py_DECREF(done);
+    seam_release(done);
     return sid;
 }
 
@@ -142,7 +142,7 @@ static PyObject *table_free(StorageFeed *f, PyObject *address, PyObject *site) {
     if (sid == NULL) {
         if (PyErr_Occurred()) return NULL;
         if (PyDict_GET_SIZE(f->blocks_before) > 0) { /* allocated before the sanitizer was enabled */
-            Py_XDECREF(pop(f->blocks_before, address));
+            seam_release(pop(f->blocks_before, address));
             if (PyErr_Occurred()) return NULL;
         }
         return PyList_New(0);
@@ -152,7 +152,7 @@ static PyObject *table_free(StorageFeed *f, PyObject *address, PyObject *site) {
         PyObject *args[2] = {sid, site};
         found = PyObject_Vectorcall(f->free, args, 2, NULL);
     }
-    Py_DECREF(sid);
+    seam_release(sid);
     return found;
 }
 
@@ -167,7 +167,7 @@ static PyObject *allocate_at(StorageFeed *f, PyObject *address, PyObject *size, 
         sid = ensure_stream(f, key) < 0 ? NULL : table_allocate(f, address, size, key, site);
         sid = leave(f, sid);
     }
-    Py_DECREF(site);
+    seam_release(site);
     return sid;
 }
 
@@ -183,7 +183,7 @@ static PyObject *free_at(StorageFeed *f, PyObject *address, PyObject *sid) {
         found = same < 0 ? NULL : same ? table_free(f, address, site) : PyList_New(0);
         found = leave(f, found);
     }
-    Py_DECREF(site);
+    seam_release(site);
     return found;
 }
 
@@ -192,7 +192,7 @@ static int shim_connected(StorageFeed *f) {
     PyObject *connected = PyObject_GetAttr(f->shim, str_connected);
     if (connected == NULL) return -1;
     int truth = PyObject_IsTrue(connected);
-    Py_DECREF(connected);
+    seam_release(connected);
     return truth;
 }
 
@@ -226,7 +226,7 @@ static PyObject *m_trace_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
     PyObject *sid = allocate_at(f, args[0], zero, args[1], NULL);
     if (sid == NULL) return NULL;
-    Py_DECREF(sid);
+    seam_release(sid);
     Py_RETURN_NONE;
 }
 
@@ -246,9 +246,9 @@ static PyObject *m_shim_alloc(StorageFeed *f, PyObject *const *args, Py_ssize_t 
     PyObject *key = PyTuple_Pack(2, args[2], args[3]);
     if (key == NULL) return NULL;
     PyObject *sid = allocate_at(f, args[0], args[1], key, NULL);
-    Py_DECREF(key);
+    seam_release(key);
     if (sid == NULL) return NULL;
-    Py_DECREF(sid);
+    seam_release(sid);
     Py_RETURN_NONE;
 }
 
@@ -294,14 +294,14 @@ static int feed_init(StorageFeed *f, PyObject *args, PyObject *kwds) {
     PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
     PyObject *release = acquire != NULL ? PyObject_GetAttrString(lock, "release") : NULL;
     if (release == NULL) {
-        Py_XDECREF(acquire);
+        seam_release(acquire);
         return -1;
     }
 #define SET(name) Py_XSETREF(f->name, Py_NewRef(name));
     FEED_FIELDS(SET)
 #undef SET
-    Py_DECREF(acquire);
-    Py_DECREF(release);
+    seam_release(acquire);
+    seam_release(release);
     return 0;
 }
 
@@ -313,7 +313,7 @@ static int feed_traverse(StorageFeed *f, visitproc visit, void *arg) {
 }
 
 static int feed_clear(StorageFeed *f) {
-#define CLEAR(name) Py_CLEAR(f->name);
+#define CLEAR(name) SEAM_CLEAR(f->name);
     FEED_FIELDS(CLEAR)
 #undef CLEAR
     return 0;
@@ -349,7 +349,7 @@ PyMODINIT_FUNC PyInit__storage_feed(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "StorageFeed", (PyObject *)&StorageFeedType) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

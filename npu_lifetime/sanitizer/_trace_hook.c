@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <stddef.h>
 
 static PyObject *str_sinks, *str_trace_alloc, *str_trace_free, *str_free_found;
@@ -35,10 +36,10 @@ static PyObject *current_key(Deliver *d) {
     if (device == NULL) return NULL;
     PyObject *raw = PyObject_CallOneArg(d->raw_stream, device);
     PyObject *handle = raw != NULL ? PyNumber_Long(raw) : NULL;
-    Py_XDECREF(raw);
+    seam_release(raw);
     PyObject *key = handle != NULL ? PyTuple_Pack(2, device, handle) : NULL;
-    Py_DECREF(device);
-    Py_XDECREF(handle);
+    seam_release(device);
+    seam_release(handle);
     return key;
 }
 
@@ -49,12 +50,12 @@ static int deliver_alloc(Deliver *d, PyObject *sinks, PyObject *address) {
         PyObject *args[3] = {PyTuple_GET_ITEM(sinks, i), address, key};
         PyObject *done = PyObject_VectorcallMethod(str_trace_alloc, args, 3, NULL);
         if (done == NULL) {
-            Py_DECREF(key);
+            seam_release(key);
             return -1;
         }
-        Py_DECREF(done);
+        seam_release(done);
     }
-    Py_DECREF(key);
+    seam_release(key);
     return 0;
 }
 
@@ -68,9 +69,9 @@ static int deliver_free(PyObject *sinks, PyObject *address) {
             PyObject *report[2] = {args[0], found};
             PyObject *done = PyObject_VectorcallMethod(str_free_found, report, 2, NULL);
             any = done == NULL ? -1 : 0;
-            Py_XDECREF(done);
+            seam_release(done);
         }
-        Py_DECREF(found);
+        seam_release(found);
         if (any < 0) return -1;
     }
     return 0;
@@ -90,7 +91,7 @@ static PyObject *deliver_call(Deliver *d, PyObject *const *args, size_t nargsf, 
     } else if (PyTuple_GET_SIZE(sinks) > 0) {
         failed = d->freeing ? deliver_free(sinks, args[0]) : deliver_alloc(d, sinks, args[0]);
     }
-    Py_DECREF(sinks);
+    seam_release(sinks);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
@@ -118,9 +119,9 @@ static int deliver_traverse(Deliver *d, visitproc visit, void *arg) {
 }
 
 static int deliver_clear(Deliver *d) {
-    Py_CLEAR(d->hub);
-    Py_CLEAR(d->device);
-    Py_CLEAR(d->raw_stream);
+    SEAM_CLEAR(d->hub);
+    SEAM_CLEAR(d->device);
+    SEAM_CLEAR(d->raw_stream);
     return 0;
 }
 
@@ -158,8 +159,8 @@ static PyObject *fire_call(Fire *f, PyObject *const *args, size_t nargsf, PyObje
     PyObject *only = Py_NewRef(f->only);
     PyObject *done = PyObject_Vectorcall(only, args, nargsf, kwnames);
     if (done == NULL) PyErr_WriteUnraisable(only);
-    Py_DECREF(only);
-    Py_XDECREF(done);
+    seam_release(only);
+    seam_release(done);
     Py_RETURN_NONE;
 }
 
@@ -184,9 +185,9 @@ static int fire_traverse(Fire *f, visitproc visit, void *arg) {
 }
 
 static int fire_clear(Fire *f) {
-    Py_CLEAR(f->callbacks);
-    Py_CLEAR(f->only);
-    Py_CLEAR(f->fire);
+    SEAM_CLEAR(f->callbacks);
+    SEAM_CLEAR(f->only);
+    SEAM_CLEAR(f->fire);
     return 0;
 }
 
@@ -234,7 +235,7 @@ PyMODINIT_FUNC PyInit__trace_hook(void) {
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Deliver", (PyObject *)&DeliverType) < 0 ||
         PyModule_AddObjectRef(m, "Fire", (PyObject *)&FireType) < 0) {
-        Py_DECREF(m);
+        seam_release(m);
         return NULL;
     }
     return m;

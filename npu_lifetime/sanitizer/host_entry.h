@@ -10,6 +10,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <pythread.h>
 
 static PyObject *host_entry_str_host, *host_entry_str_set_host;
@@ -25,22 +26,22 @@ static inline int host_entry_init(void) {
 static inline int host_enter(PyObject *acquire, PyObject *release, PyObject *sanitizer) {
     PyObject *held = PyObject_CallNoArgs(acquire);
     if (held == NULL) return -1;
-    Py_DECREF(held);
+    seam_release(held);
     PyObject *host = PyObject_GetAttr(sanitizer, host_entry_str_host);
     if (host == NULL) goto failed;
     unsigned long ident = PyLong_AsUnsignedLong(host);
-    Py_DECREF(host);
+    seam_release(host);
     if (ident == (unsigned long)-1 && PyErr_Occurred()) goto failed;
     if (ident != PyThread_get_thread_ident()) {
         PyObject *done = PyObject_CallMethodNoArgs(sanitizer, host_entry_str_set_host);
         if (done == NULL) goto failed;
-        Py_DECREF(done);
+        seam_release(done);
     }
     return 0;
 failed:;
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
-    Py_XDECREF(PyObject_CallNoArgs(release));
+    seam_release(PyObject_CallNoArgs(release));
     PyErr_Restore(type, value, trace);
     return -1;
 }
@@ -51,13 +52,13 @@ static inline PyObject *host_leave(PyObject *release, PyObject *result) {
     PyErr_Fetch(&type, &value, &trace);
     PyObject *done = PyObject_CallNoArgs(release);
     if (done == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(trace);
+        seam_release(result);
+        seam_release(type);
+        seam_release(value);
+        seam_release(trace);
         return NULL;
     }
-    Py_DECREF(done);
+    seam_release(done);
     PyErr_Restore(type, value, trace);
     return result;
 }
@@ -67,11 +68,11 @@ static inline int host_ensure_stream(PyObject *has_stream, PyObject *stream, PyO
     PyObject *has = PyObject_CallOneArg(has_stream, key);
     if (has == NULL) return -1;
     int known = PyObject_IsTrue(has);
-    Py_DECREF(has);
+    seam_release(has);
     if (known != 0) return known < 0 ? -1 : 0;
     PyObject *made = PyObject_CallOneArg(stream, key);
     if (made == NULL) return -1;
-    Py_DECREF(made);
+    seam_release(made);
     return 0;
 }
 

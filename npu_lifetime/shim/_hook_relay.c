@@ -22,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../seam.h"
 #include <stdint.h>
 
 static PyObject *subscribers; /* a tuple of (on_alloc, on_free, on_findings); NULL: none */
@@ -47,13 +48,14 @@ static void hand_findings(PyObject *on_findings, PyObject *ptr, PyObject *found)
     PyObject *args[2] = {ptr, found};
     PyObject *done = PyObject_Vectorcall(on_findings, args, 2, NULL);
     if (done == NULL) PyErr_WriteUnraisable(on_findings);
-    Py_XDECREF(done);
+    seam_release(done);
 }
 
 /* slot: 0 for on_alloc, 1 for on_free. */
 static void relay(int slot, void *ptr, size_t size, int device, void *stream) {
     if (!Py_IsInitialized() || finalizing()) return;
     PyGILState_STATE gil = PyGILState_Ensure();
+    SeamSaved saved = seam_enter(); /* a free from a release while an exception is set (seam.h) */
     PyObject *subs = subscribers != NULL ? Py_NewRef(subscribers) : NULL; /* a set_subscribers in a call */
     if (subs != NULL && PyTuple_GET_SIZE(subs) > 0) {
         PyObject *args[4] = {PyLong_FromUnsignedLongLong((uintptr_t)ptr), PyLong_FromSize_t(size),
@@ -65,14 +67,15 @@ static void relay(int slot, void *ptr, size_t size, int device, void *stream) {
                 if (fn == Py_None) continue;
                 PyObject *result = call_subscriber(fn, args);
                 if (result != NULL && slot == 1) hand_findings(PyTuple_GET_ITEM(sub, 2), args[0], result);
-                Py_XDECREF(result);
+                seam_release(result);
             }
         } else {
             PyErr_WriteUnraisable(NULL);
         }
-        for (int i = 0; i < 4; i++) Py_XDECREF(args[i]);
+        for (int i = 0; i < 4; i++) seam_release(args[i]);
     }
-    Py_XDECREF(subs);
+    seam_release(subs);
+    seam_leave(saved, NULL);
     PyGILState_Release(gil);
 }
 
