@@ -64,6 +64,9 @@ OPTIONAL_EXTENSIONS = [
     Extension("npu_lifetime.sanitizer._event_feed", sources=["npu_lifetime/sanitizer/_event_feed.c"],
               depends=["npu_lifetime/sanitizer/host_entry.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
+    # threads already running when a sanitizer is enabled take its dispatch mode (npu_lifetime/sanitizer/threads.py)
+    Extension("npu_lifetime.sanitizer._threads", sources=["npu_lifetime/sanitizer/_threads.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/sanitizer.py, _HostLock)
     Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_host_lock.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),

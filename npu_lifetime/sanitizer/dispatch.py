@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
 from ..recording import watchers  # (the package defines the op npu_lifetime::record_use)
-from . import accesses, collectives, native, sites
+from . import accesses, collectives, native, sites, threads
 from .hub import OpFrame, on_thread
 
 _lock = threading.Lock()
@@ -56,20 +56,40 @@ def activate(sanitizer) -> None:
         if _mode is None or _mode not in _get_current_dispatch_mode_stack():
             _mode = _Mode()
             _mode.__enter__()
+        threads.follow_running(follow_this_thread)
+
+
+def follow_this_thread() -> None:
+    """While a sanitizer is enabled, the calling thread's ops reach the mode
+    (torch keeps a dispatch-mode stack per thread: ``threads.py``)."""
+    mode = _mode
+    if mode is None or not _active:
+        return
+    if any(isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack()):
+        return
+    torch._C._push_on_torch_dispatch_stack(mode)
 
 
 def deactivate(sanitizer) -> None:
     global _mode
     with _lock:
-        _set_active(tuple(s for s in _active if s is not sanitizer))
+        rest = tuple(s for s in _active if s is not sanitizer)
+        try:
+            _set_active(rest)
+        except Exception:  # the C path's state for the rest failed: their ops take the Python body
+            _set_active(rest, native_state=False)
         stack = _get_current_dispatch_mode_stack()
+        if not _active:
+            threads.stop_following()
         if not _active and _mode is not None and stack and stack[-1] is _mode:
             _mode.__exit__(None, None, None)
             _mode = None
 
 
-def _set_active(sanitizers: tuple) -> None:
+def _set_active(sanitizers: tuple, native_state: bool = True) -> None:
+    """Makes ``sanitizers`` the enabled ones; all or nothing (what can fail comes first)."""
     global _active, _backends, _depth, _op_hooked
+    state = _native_state(sanitizers) if native_state and _native_dispatch is not None else None
     by_type: dict = {}
     for s in sanitizers:
         by_type.setdefault(s.backend.device_type, ())
@@ -80,7 +100,7 @@ def _set_active(sanitizers: tuple) -> None:
     watchers.publish(by_type)  # record_use, record_stream, erase_stream reach these sanitizers from there
     _active = sanitizers
     if _native_dispatch is not None:
-        _native_dispatch.common(_native_state(sanitizers))
+        _native_dispatch.common(state)
 
 
 def _lifetime_ops() -> tuple:

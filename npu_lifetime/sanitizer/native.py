@@ -20,6 +20,8 @@ equivalent that stays the fallback and the reference it is tested against:
   the sanitizers (``backends.py``, ``hub.py``);
 - ``event_hook`` (_event_hook.c): device events' delivery to the sanitizers,
   or to the op in progress (``hub.py``'s ``Hub.event``, ``backends.py``);
+- ``threads`` (_threads.c): threads already running when a sanitizer is
+  enabled take its dispatch mode at their next Python event (``threads.py``);
 - the GPU trace bridge (``trace_bridge.py``, C++ built against the torch in
   use and installed by the first CUDA sanitizer): torch's trace delivered
   to its Python registries without torch's import per event; ``in_use()``
@@ -51,6 +53,7 @@ trace_hook = _load("_trace_hook")
 host_lock = _load("_host_lock")
 event_hook = _load("_event_hook")
 event_feed = _load("_event_feed")
+threads = _load("_threads")
 
 
 def model_class() -> type:
@@ -71,5 +74,5 @@ def in_use() -> dict:
     return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None, "dispatch": dispatch is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
             "host_lock": host_lock is not None, "event_hook": event_hook is not None,
-            "event_feed": event_feed is not None, "trace_bridge": trace_bridge.installed(),
+            "event_feed": event_feed is not None, "threads": threads is not None, "trace_bridge": trace_bridge.installed(),
             "model": model_class().__module__.endswith("_native_model")}

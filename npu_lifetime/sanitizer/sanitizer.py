@@ -23,7 +23,7 @@ import torch
 
 from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
-from . import dispatch, native, report, sites
+from . import dispatch, native, report, sites, threads
 from .backends import Backend, backend_for
 from .hub import on_thread
 from .naming import Names
@@ -50,15 +50,19 @@ class DataRaceError(RuntimeError):
 def _patch_threads() -> None:
     """``Thread.start`` and ``Thread.join`` order host threads (a started
     thread after its starter, a joiner after the joined): wrapped once per
-    process, they tell every enabled sanitizer.  Other hand-offs between
+    process, they tell every enabled sanitizer, and a thread started while
+    one is enabled takes the dispatch mode (``threads.py``).  Other hand-offs between
     threads (queues, locks, events) are not seen."""
     if getattr(threading.Thread.start, "_npu_lifetime", False):
         return
     start, join = threading.Thread.start, threading.Thread.join
 
     def start_thread(thread, *args, **kwargs):
-        for sanitizer in dispatch.active():
+        active = dispatch.active()
+        for sanitizer in active:
             sanitizer.on_thread_start(thread)
+        if active:
+            threads.wrap_start(thread, dispatch.follow_this_thread)  # its ops reach the sanitizers too
         return start(thread, *args, **kwargs)
 
     def join_thread(thread, *args, **kwargs):
@@ -200,19 +204,26 @@ class LifetimeSanitizer:
         _patch_threads()
         self.backend.connect()
         self.storages.take_snapshot()
-        self._shim.connect()
-        self.backend.hub.add(self)
-        dispatch.activate(self)
+        try:  # all or nothing: a failure leaves no part connected
+            self._shim.connect()
+            self.backend.hub.add(self)
+            dispatch.activate(self)
+        except BaseException:
+            self._disconnect()
+            raise
         self.enabled = True
         return self
 
     def disable(self) -> None:
         if not self.enabled:
             return
+        self._disconnect()
+        self.enabled = False
+
+    def _disconnect(self) -> None:
         dispatch.deactivate(self)
         self.backend.hub.remove(self)
         self._shim.disconnect()
-        self.enabled = False
 
     def __enter__(self) -> "LifetimeSanitizer":
         return self.enable()
