@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import simdevice
+from .. import simdevice, storage_holders
 from ..shim import api as shim_api
 from ..shim import state as shim_state
 from ..shim.install import stream_handle
@@ -145,6 +145,11 @@ def _record_use_checked(tensor, stream) -> None:
         _record_use_traced(tensor, stream)
         return
     _check_tensor("record_use", tensor)
+    held = storage_holders.holders(tensor)
+    if held and not (len(held) == 1 and held[0] is tensor):  # sparse, nested, functorch-wrapped: the tensors that hold its memory
+        for part in held:
+            _record_use_checked(part, stream)
+        return
     stream = _stream_for("record_use", tensor, stream)
     if not _memory_of("record_use", tensor):
         return  # no elements: no memory to keep

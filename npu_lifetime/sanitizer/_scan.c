@@ -3,10 +3,11 @@
  * accesses.py's docstring).  It does what accesses._note_all does for each
  * (value, mode, name), and no more: plain tensors and lists or tuples of them
  * are read here, anything else (a wrapper subclass such as DTensor) through
- * the Python generator accesses._tensors.
+ * the Python generator accesses._tensors; a tensor without a storage of its
+ * own (sparse, functorch-wrapped) through accesses._holders.
  * No torch headers: tensors are reached through their Python methods.
  *
- * configure(StorageAccess, tensor_types, tensors_fn) once, then
+ * configure(StorageAccess, tensor_types, tensors_fn, holders_fn) once, then
  *   arguments(found, plan_arguments, args, tracked)   positional arguments
  *   value(found, value, is_write, name, fresh, tracked)
  *   op(...)                                           all of op_accesses once its plan is chosen (below)
@@ -75,13 +76,14 @@ static PyTypeObject AccessBase = {
     .tp_new = PyType_GenericNew,
 };
 
-static PyObject *storage_access_class, *tensor_types, *tensors_fn;
+static PyObject *storage_access_class, *tensor_types, *tensors_fn, *holders_fn;
 static int access_class_native; /* storage_access_class is a subclass of AccessBase */
 static PyObject *str_untyped_storage, *str_data_ptr, *str_get_device, *str_fresh, *str_accessed, *str_is_write,
     *str_names, *str_out, *str_storage;
 
-/* t.untyped_storage().data_ptr(); 0 with no error for a tensor without
- * storage (RuntimeError, NotImplementedError: sparse, meta...). */
+/* t.untyped_storage().data_ptr(): 0; or 1 (and 0 in *out) with no error for
+ * a tensor without storage (RuntimeError, NotImplementedError: sparse,
+ * functorch-wrapped...); -1 on another error. */
 static int storage_address(PyObject *t, uintptr_t *out) {
     *out = 0;
     PyObject *storage = PyObject_CallMethodNoArgs(t, str_untyped_storage);
@@ -90,7 +92,7 @@ static int storage_address(PyObject *t, uintptr_t *out) {
     if (ptr == NULL) {
         if (PyErr_ExceptionMatches(PyExc_RuntimeError) || PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
             PyErr_Clear();
-            return 0;
+            return 1;
         }
         return -1;
     }
@@ -138,6 +140,25 @@ static int get_flag(PyObject *entry, PyObject *name) {
     return truth;
 }
 
+static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int fresh, PyObject *tracked);
+
+/* A tensor without a storage of its own, or one showing no memory: each
+ * tensor holding its memory (accesses._holders, which never returns t). */
+static int note_holders(PyObject *found, PyObject *t, int is_write, PyObject *name, int fresh, PyObject *tracked) {
+    PyObject *parts = PyObject_CallOneArg(holders_fn, t);
+    if (parts == NULL) return -1;
+    if (!PyTuple_Check(parts)) {
+        seam_release(parts);
+        PyErr_SetString(PyExc_TypeError, "accesses._holders returned no tuple");
+        return -1;
+    }
+    int failed = 0;
+    for (Py_ssize_t i = 0; !failed && i < PyTuple_GET_SIZE(parts); i++)
+        failed = note(found, PyTuple_GET_ITEM(parts, i), is_write, name, fresh, tracked) < 0;
+    seam_release(parts);
+    return failed ? -1 : 0;
+}
+
 /* accesses._note: one tensor. */
 static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int fresh, PyObject *tracked) {
     PyObject *tracks = PyObject_CallOneArg(tracked, t);
@@ -146,8 +167,9 @@ static int note(PyObject *found, PyObject *t, int is_write, PyObject *name, int 
     seam_release(tracks);
     if (yes <= 0) return yes;
     uintptr_t address;
-    if (storage_address(t, &address) < 0) return -1;
-    if (address == 0) return 0;
+    int own = storage_address(t, &address);
+    if (own < 0) return -1;
+    if (own == 1 || address == 0) return note_holders(found, t, is_write, name, fresh, tracked);
     PyObject *key = PyLong_FromVoidPtr((void *)address);
     if (key == NULL) return -1;
     PyObject *entry = PyDict_GetItemWithError(found, key); /* borrowed */
@@ -274,14 +296,15 @@ static int ready(void) {
 
 static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 3 || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "configure(StorageAccess, tensor_types: tuple, tensors_fn)");
+    if (nargs != 4 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "configure(StorageAccess, tensor_types: tuple, tensors_fn, holders_fn)");
         return NULL;
     }
     Py_XSETREF(storage_access_class, Py_NewRef(args[0]));
     access_class_native = PyType_Check(args[0]) && PyType_IsSubtype((PyTypeObject *)args[0], &AccessBase);
     Py_XSETREF(tensor_types, Py_NewRef(args[1]));
     Py_XSETREF(tensors_fn, Py_NewRef(args[2]));
+    Py_XSETREF(holders_fn, Py_NewRef(args[3]));
     Py_RETURN_NONE;
 }
 

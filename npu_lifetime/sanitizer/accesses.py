@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .. import storage_holders
 from . import collectives, native
 
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
@@ -251,7 +253,8 @@ _native_module = _native_scan if _native_scan is not None else object()
 _native_op = _native_scan.op if _native_scan is not None else None
 _native_written = _native_scan.written if _native_scan is not None else None
 if _native_scan is not None:
-    _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value))
+    _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value),
+                           lambda t: _holders(t))
     if native.feed is not None:  # the feed reads StorageAccess's slots directly
         native.feed.configure_access(_native_scan.AccessBase)
 
@@ -269,9 +272,13 @@ def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, 
         return
     try:
         ptr = t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # sparse, meta, storage-less...
+    except (RuntimeError, NotImplementedError):  # sparse, functorch-wrapped...: the tensors holding its memory
+        for part in _holders(t):
+            _note(found, part, is_write, name, fresh, tracked)
         return
-    if ptr == 0:
+    if ptr == 0:  # no memory, or memory this storage does not show: the tensors that hold it, if any
+        for part in _holders(t):
+            _note(found, part, is_write, name, fresh, tracked)
         return
     entry = found.get(ptr)
     if entry is None:
@@ -286,6 +293,23 @@ def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, 
         entry.accessed |= not fresh or is_write
     entry.is_write |= is_write
     entry.names.append(name)
+
+
+UNCHECKED: Counter = Counter()  # kind -> tensors of it seen by ops with memory that cannot be tracked
+
+
+def _holders(t: torch.Tensor) -> tuple:
+    """The tensors holding the memory of ``t``, a tensor without a storage of
+    its own or with one that shows no memory (``storage_holders``), never
+    ``t`` itself; a kind with none is counted in ``UNCHECKED``."""
+    found = storage_holders.holders(t)
+    if len(found) == 1 and found[0] is t:  # a storage with no memory of its own (a wrapper subclass's)
+        found = ()
+    if not found:
+        kind = storage_holders.unchecked_kind(t)
+        if kind is not None:
+            UNCHECKED[kind] += 1
+    return found
 
 
 def growing_storage(func, args: tuple, tracked: Callable):

@@ -15,15 +15,17 @@ import sys
 import threading
 import warnings
 import weakref
+from collections import Counter
 from _thread import RLock, get_ident
 from functools import partial
 from typing import Optional
 
 import torch
 
+from .. import storage_holders
 from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
-from . import dispatch, native, report, sites, threads
+from . import accesses, dispatch, native, report, sites, threads
 from .backends import Backend, backend_for
 from .hub import on_thread
 from .naming import Names
@@ -159,6 +161,7 @@ class LifetimeSanitizer:
         self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
         self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
+        self._unchecked_before: Counter = Counter()  # accesses.UNCHECKED at enable()
         self._shim = ShimLink(self)
         self._storage_feed = self._native_storage_feed()
         if self._storage_feed is not None:  # the trace's allocations and frees in one C call each
@@ -204,6 +207,7 @@ class LifetimeSanitizer:
         _patch_threads()
         self.backend.connect()
         self.storages.take_snapshot()
+        self._unchecked_before = Counter(accesses.UNCHECKED)
         try:  # all or nothing: a failure leaves no part connected
             self._shim.connect()
             self.backend.hub.add(self)
@@ -317,8 +321,18 @@ class LifetimeSanitizer:
         return self.names(stream_key)
 
     def report(self, findings: Optional[list] = None) -> str:
-        return report.format_findings(self.findings if findings is None else findings,
+        text = report.format_findings(self.findings if findings is None else findings,
                                       self.names, self.info, self.policy)
+        unchecked = self.not_checked()
+        if unchecked:
+            kinds = ", ".join(f"{n} x {kind}" for kind, n in sorted(unchecked.items()))
+            text += f"\nnot checked (tensors with memory but no storage this sanitizer can track): {kinds}\n"
+        return text
+
+    def not_checked(self) -> dict:
+        """Kinds of tensor, with counts, that ops touched since ``enable()``
+        whose memory the sanitizer cannot track (``storage_holders``)."""
+        return dict(Counter(accesses.UNCHECKED) - self._unchecked_before)
 
     def to_json(self, findings: Optional[list] = None) -> list:
         return report.to_json(self.findings if findings is None else findings,
@@ -419,16 +433,17 @@ class LifetimeSanitizer:
     def _storage_call(self, tensor, stream_key, call) -> None:
         if not self.backend.tracks(tensor):
             return
-        storage = tensor.untyped_storage()
         site = sites.capture(self.stack_depth, skip=3)
-        with self._lock:
-            stream = self._stream(stream_key)
-            sid = self.storages.get(storage.data_ptr())
-            if sid is None:
-                sid = self.storages.adopt(storage.data_ptr(), storage.nbytes(), tensor.device.index or 0, tensor)
-            found = call(sid, stream, site=site)
-            if found:
-                self._findings.add(found)
+        for held in storage_holders.holders(tensor):  # its own storage, or those holding its memory
+            storage = held.untyped_storage()
+            with self._lock:
+                stream = self._stream(stream_key)
+                sid = self.storages.get(storage.data_ptr())
+                if sid is None:
+                    sid = self.storages.adopt(storage.data_ptr(), storage.nbytes(), held.device.index or 0, held)
+                found = call(sid, stream, site=site)
+                if found:
+                    self._findings.add(found)
 
     # -- host threads ---------------------------------------------------------------------------
     def _set_host(self) -> None:
