@@ -42,7 +42,7 @@ typedef struct {
     X(sanitizer) X(acquire) X(release) X(shim) X(live) X(sizeless) X(ids) X(blocks_before) X(allocate) X(free) \
         X(has_stream) X(stream) X(on_thread) X(capture)
 
-static PyObject *str_connected, *str_frame, *str_site;
+static PyObject *str_connected, *str_frame, *str_site, *str_free_found;
 
 /* -- the lock: the sanitizer's, entered as _HostLock.__enter__ does (host_entry.h) ------------------ */
 
@@ -115,7 +115,12 @@ static PyObject *table_allocate(StorageFeed *f, PyObject *address, PyObject *siz
         PyObject *found = gone < 0 ? NULL : PyObject_Vectorcall(f->free, args, 2, NULL);
         seam_release(old);
         if (found == NULL) return NULL;
+        /* what is known of the old storage is reported (StorageTable's on_found: sanitizer._free_found) */
+        int any = PyObject_IsTrue(found);
+        PyObject *kept = any > 0 ? PyObject_CallMethodOneArg(f->sanitizer, str_free_found, found) : NULL;
         seam_release(found);
+        if (any < 0 || (any > 0 && kept == NULL)) return NULL;
+        seam_release(kept);
     } else if (PyErr_Occurred()) {
         return NULL;
     }
@@ -344,7 +349,8 @@ PyMODINIT_FUNC PyInit__storage_feed(void) {
     str_connected = PyUnicode_InternFromString("connected");
     str_frame = PyUnicode_InternFromString("frame");
     str_site = PyUnicode_InternFromString("site");
-    if (host_entry_init() < 0 || !str_connected || !str_frame || !str_site) return NULL;
+    str_free_found = PyUnicode_InternFromString("_free_found");
+    if (host_entry_init() < 0 || !str_connected || !str_frame || !str_site || !str_free_found) return NULL;
     if (PyType_Ready(&StorageFeedType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

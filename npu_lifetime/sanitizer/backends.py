@@ -367,6 +367,7 @@ class SimBackend(Backend):
         simdevice.add_listener(_SimListener(self.hub))
         _patch_storage_resize(self.hub)
         _patch_read_backs(self.hub)
+        _patch_share_memory(self.hub)
         simdevice.autograd_streams()
 
     def current_device(self) -> int:
@@ -430,22 +431,38 @@ def _patch_storage_resize(hub: Hub) -> None:
     torch.UntypedStorage.resize_ = resize_
 
 
-_READ_BACKS = ("tolist", "cpu", "numpy")
+def _always(tensor, *args, **kwargs) -> bool:
+    return True
+
+
+def _to_the_host(tensor, *args, **kwargs) -> bool:
+    """``Tensor.to(...)`` names the host as its device (``.to("cpu")``,
+    ``.to(device="cpu")``, ``.to(other_cpu_tensor)``): on a device, a copy to
+    the host; ``.to(dtype)`` alone is an op on the device's stream."""
+    try:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    except (TypeError, RuntimeError):
+        return False  # torch's own call will say what is wrong
+    return device is not None and device.type == "cpu"
+
+
+# Tensor methods that copy a device tensor to the host and wait for the copy (CUDA: a blocking copy),
+# with when they do; __reduce_ex__ is pickle's and torch.save's (each tensor's storage is copied out)
+_READ_BACKS = {"tolist": _always, "cpu": _always, "numpy": _always, "to": _to_the_host, "__reduce_ex__": _always}
 
 
 def _patch_read_backs(hub: Hub) -> None:
-    """``.tolist()``, ``.cpu()`` and ``.numpy()`` of a device tensor copy it
-    to the host on the current stream and wait for the copy (CUDA: a
-    blocking copy).  On host memory they dispatch no op, so they are wrapped
-    (once per process, idle without a sanitizer) and reported as
-    ``on_host_read``: a read on the current stream, then a host wait."""
-    for name in _READ_BACKS:
+    """The read-backs of ``_READ_BACKS`` on host memory dispatch no op, so
+    they are wrapped (once per process, idle without a sanitizer) and
+    reported as ``on_host_read``: a read on the current stream, then a host
+    wait."""
+    for name, applies in _READ_BACKS.items():
         original = getattr(torch.Tensor, name)
         if getattr(original, "_npu_lifetime", False):
             continue
 
-        def read_back(tensor, *args, _original=original, _name=f"Tensor.{name}", **kwargs):
-            if hub.sinks and tensor.is_cpu:
+        def read_back(tensor, *args, _original=original, _name=f"Tensor.{name}", _applies=applies, **kwargs):
+            if hub.sinks and tensor.is_cpu and _applies(tensor, *args, **kwargs):
                 hub.event("on_host_read", tensor, _name)
             return _original(tensor, *args, **kwargs)
 
@@ -453,6 +470,31 @@ def _patch_read_backs(hub: Hub) -> None:
         read_back.__name__ = name
         read_back.__doc__ = original.__doc__
         setattr(torch.Tensor, name, read_back)
+
+
+def _patch_share_memory(hub: Hub) -> None:
+    """``share_memory_()`` moves a host storage to shared memory: its bytes
+    are copied (a read of the old block, then a write of the new one) and
+    the old block is freed, outside the dispatcher; reported as a storage
+    move, like a growing ``resize_``.  Wrapped once per process."""
+    original = torch.UntypedStorage.share_memory_
+    if getattr(original, "_npu_lifetime", False):
+        return
+
+    def share_memory_(storage, *args, **kwargs):
+        if not hub.sinks or storage.device.type != "cpu":
+            return original(storage, *args, **kwargs)
+        before = storage.data_ptr()
+        if before and not storage.is_shared():
+            hub.event("on_storage_read", storage, before)
+        out = original(storage, *args, **kwargs)
+        after = storage.data_ptr()
+        if after != before:
+            hub.event("on_storage_resized", storage, before, after, bool(before and after))
+        return out
+
+    share_memory_._npu_lifetime = True
+    torch.UntypedStorage.share_memory_ = share_memory_
 
 
 class _SimListener:

@@ -149,7 +149,7 @@ class LifetimeSanitizer:
         self.enabled = False
         self.model = native.model_class()(retain=False, remember_frees=0, host=threading.main_thread().ident)
         self._host = threading.main_thread().ident  # the thread the model names as the host (set_host)
-        self.storages = StorageTable(self.model, self.backend, self._free)
+        self.storages = StorageTable(self.model, self.backend, self._free, self._free_found)
         self.names = Names(self.backend)
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush

@@ -22,10 +22,12 @@ from .backends import Backend
 
 
 class StorageTable:
-    def __init__(self, model: LifetimeModel, backend: Backend, on_free: Callable[[int], None]) -> None:
+    def __init__(self, model: LifetimeModel, backend: Backend, on_free: Callable[[int], None],
+                 on_found: Callable[[list], None] = lambda found: None) -> None:
         self.model = model
         self.backend = backend
         self._on_free = on_free  # watched storages (simulated device) report their death here
+        self._on_found = on_found  # the findings of a free learnt at a new allocation (never dropped)
         self.live: dict = {}  # address -> storage id (read directly on the hot path)
         self.sizeless: set = set()  # ids allocated with an unknown size (trace allocations)
         self._ids = itertools.count(1)
@@ -46,9 +48,11 @@ class StorageTable:
     def allocate(self, address: int, nbytes: int, stream: tuple, site, tensor=None) -> int:
         self._blocks_before.pop(address, None)
         old = self.live.pop(address, None)
-        if old is not None:  # its free was not seen (e.g. a storage resized in place)
+        if old is not None:  # its free was not seen (e.g. a storage moved by a call not watched)
             self.sizeless.discard(old)
-            self.model.free(old, site)
+            found = self.model.free(old, site)
+            if found:
+                self._on_found(found)  # what is known of the old storage, named by its own id
         sid = next(self._ids)
         self.live[address] = sid
         if not nbytes:
