@@ -25,7 +25,7 @@ import torch
 from .. import storage_holders
 from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
-from . import accesses, dispatch, native, report, sites, threads
+from . import accesses, dispatch, forks, native, report, sites, threads
 from .backends import Backend, backend_for
 from .hub import on_thread
 from .naming import Names
@@ -158,6 +158,7 @@ class LifetimeSanitizer:
         self._lock = native.host_lock.HostLock(rlock, self) if native.host_lock is not None else _HostLock(self)
         # what the native feeds acquire and release (the host check is theirs): the RLock under the lock
         self._rlock = rlock if native.host_lock is not None else self._lock
+        forks.watch(self)  # a fork from any thread leaves this lock free in the child
         self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
         self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
