@@ -25,7 +25,7 @@ import torch
 from .. import storage_holders
 from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
-from . import accesses, dispatch, forks, native, report, sites, threads
+from . import accesses, arguments, dispatch, forks, native, report, sites, threads
 from .backends import Backend, backend_for
 from .hub import on_thread
 from .naming import Names
@@ -143,8 +143,7 @@ class LifetimeSanitizer:
         self.on_race = on_race
         self.warn_on_free = warn_on_free
         self.stack_depth = stack_depth
-        if suppressions is None or isinstance(suppressions, str):
-            suppressions = Suppressions.load(suppressions)
+        suppressions = arguments.suppressions(suppressions)
         self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
         self.model = native.model_class()(retain=False, remember_frees=0, host=threading.main_thread().ident)
@@ -265,6 +264,7 @@ class LifetimeSanitizer:
     def info(self, finding) -> GroupInfo:
         """How many times the finding's group occurred, and whether it is
         actual or latent (and why)."""
+        arguments.finding("info", finding)
         with self._lock:
             found = self._findings.info(finding)
         if found is None:
@@ -282,10 +282,12 @@ class LifetimeSanitizer:
 
     def failing(self, findings: list) -> list:
         """Those of ``findings`` that fail the check (see ``Policy``)."""
+        findings = arguments.findings("failing", findings) or []
         return [f for f in findings if self.info(f).fails(f, self.policy)]
 
     def verdict(self, finding) -> tuple:
         """``(fails, why not)`` for ``finding`` (see ``Policy.verdict``)."""
+        arguments.finding("verdict", finding)
         return self.policy.verdict(finding, self.info(finding))
 
     def summary(self, findings: list, reports: int = 5) -> dict:
@@ -293,7 +295,9 @@ class LifetimeSanitizer:
         included), those that fail the check, the reasons the latent ones
         are latent, those silenced (and why), and the first ``reports``
         reports (failing findings first)."""
-        from collections import Counter
+        findings = arguments.findings("summary", findings) or []
+        if isinstance(reports, bool) or not isinstance(reports, int) or reports < 0:
+            raise TypeError(f"summary: reports must be an int >= 0, not {reports!r:.60}")
 
         kinds, failing, reasons, silenced = Counter(), Counter(), Counter(), Counter()
         failing_findings = []
@@ -319,9 +323,10 @@ class LifetimeSanitizer:
     def describe(self, stream_key) -> str:
         """A stream as the program knows it: the device's name for it and the
         variable it was assigned to when created (``sim stream 3 (`side`)``)."""
-        return self.names(stream_key)
+        return self.names(arguments.stream_key("describe", stream_key))
 
     def report(self, findings: Optional[list] = None) -> str:
+        findings = arguments.findings("report", findings)
         text = report.format_findings(self.findings if findings is None else findings,
                                       self.names, self.info, self.policy)
         unchecked = self.not_checked()
@@ -336,6 +341,7 @@ class LifetimeSanitizer:
         return dict(Counter(accesses.UNCHECKED) - self._unchecked_before)
 
     def to_json(self, findings: Optional[list] = None) -> list:
+        findings = arguments.findings("to_json", findings)
         return report.to_json(self.findings if findings is None else findings,
                               self.names, self.info, self.policy)
 
@@ -415,17 +421,25 @@ class LifetimeSanitizer:
 
     # -- lifetime calls seen outside the dispatcher (watchers.notify) ---------------------
     def record_use(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        arguments.tensor("record_use", tensor)
+        arguments.stream_key("record_use", stream_key)
         self._storage_call(tensor, stream_key, self.model.record_use)
 
     def record_stream(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        arguments.tensor("record_stream", tensor)
+        arguments.stream_key("record_stream", stream_key)
         self._storage_call(tensor, stream_key, self.model.record_stream)
 
     def erase_stream(self, tensor: torch.Tensor, stream_key: tuple) -> None:
+        arguments.tensor("erase_stream", tensor)
+        arguments.stream_key("erase_stream", stream_key)
         self._storage_call(tensor, stream_key, self.model.erase_stream)
 
     def track_allocation(self, tensor: torch.Tensor, stream_key: tuple) -> None:
         """A storage allocated on ``stream_key`` by an allocator the backend
         does not see (the simulated device's hand-off harness)."""
+        arguments.tensor("track_allocation", tensor)
+        arguments.stream_key("track_allocation", stream_key)
         site = sites.capture(self.stack_depth, skip=2)
         storage = tensor.untyped_storage()
         with self._lock:
@@ -489,7 +503,8 @@ class LifetimeSanitizer:
 
     # -- device events (from the hub) -------------------------------------------------------
     def _stream(self, key: tuple) -> tuple:
-        if not self.model.has_stream(key):
+        if not self.model.has_stream(key):  # a new stream: its key is checked once (the on_* handlers' too)
+            arguments.stream_key("a stream", key)
             self.model.create_stream(key, device=key[0])
         return key
 
