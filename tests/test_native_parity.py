@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 import npu_lifetime
 from npu_lifetime import lifetime
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import LifetimeSanitizer, accesses, native, sites
+from npu_lifetime.sanitizer import LifetimeSanitizer, accesses, native, sites, threads
 
 from by_chance import not_by_chance
 
@@ -27,9 +28,11 @@ if not native.ENABLED or native.feed is None or native.scan is None or lifetime.
         raise AssertionError("the sanitizer's native parts are not built: setup.py must build them in CI")
     pytest.skip("the sanitizer's native parts are off or not built", allow_module_level=True)
 
-# a step: (kind, stream index, tensor index); kinds read, write, new, free, wait, use
-STEPS = st.lists(st.tuples(st.sampled_from(["read", "write", "new", "free", "wait", "record_use", "sync"]),
-                           st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=25)
+# a step: (kind, stream index, tensor index); kinds read, write, new, free, wait, use, and (issue 36)
+# the step after it on a worker thread, an op that raises inside, a sparse tensor, a torch.func transform
+KINDS = ["read", "write", "new", "free", "wait", "record_use", "sync", "thread", "raise", "sparse", "func"]
+STEPS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=25)
+EXAMPLES = int(os.environ.get("NPL_PARITY_EXAMPLES", "40"))
 
 
 def run_program(steps, whole_reports: bool = False) -> list:
@@ -40,28 +43,51 @@ def run_program(steps, whole_reports: bool = False) -> list:
     with san:
         streams = [sd.default_stream(), sd.Stream(), sd.Stream()]
         tensors = [torch.ones(16) for _ in range(4)]
+        on_thread = False
         for kind, s, t in steps:
-            stream = streams[s]
-            with sd.stream(stream):
-                if kind == "read":
-                    tensors[t].sum()
-                elif kind == "write":
-                    tensors[t].add_(1)
-                elif kind == "new":
-                    tensors[t] = tensors[(t + 1) % 4] * 2
-                elif kind == "free":
-                    tensors[t] = torch.zeros(16)
-                elif kind == "wait":
-                    stream.wait_stream(streams[(s + 1) % 3])
-                elif kind == "record_use":
-                    npu_lifetime.record_use(tensors[t], stream)
-                else:
-                    streams[(s + 1) % 3].synchronize()
+            if kind == "thread":
+                on_thread = True
+                continue
+            if on_thread:
+                on_thread = False
+                worker = threading.Thread(target=_step, args=(streams, tensors, kind, s, t))
+                worker.start()
+                worker.join()
+            else:
+                _step(streams, tensors, kind, s, t)
         del tensors
         gc.collect()
     if whole_reports:
         return sorted(san.report([f]) for f in san.flush())
     return sorted(f"{f.kind}: {san.report([f]).splitlines()[0]}" for f in san.flush())
+
+
+def _step(streams, tensors, kind, s, t) -> None:
+    stream = streams[s]
+    with sd.stream(stream):
+        if kind == "read":
+            tensors[t].sum()
+        elif kind == "write":
+            tensors[t].add_(1)
+        elif kind == "new":
+            tensors[t] = tensors[(t + 1) % 4] * 2
+        elif kind == "free":
+            tensors[t] = torch.zeros(16)
+        elif kind == "wait":
+            stream.wait_stream(streams[(s + 1) % 3])
+        elif kind == "record_use":
+            npu_lifetime.record_use(tensors[t], stream)
+        elif kind == "sync":
+            streams[(s + 1) % 3].synchronize()
+        elif kind == "raise":
+            try:
+                tensors[t] + torch.ones(3)  # shapes that do not broadcast: raises inside the op
+            except RuntimeError:
+                pass
+        elif kind == "sparse":
+            tensors[t] = (tensors[t].reshape(4, 4).to_sparse() * 2).to_dense().reshape(16)
+        elif kind == "func":
+            tensors[t] = torch.func.grad(lambda x: (x * x).sum())(tensors[(t + 1) % 4])
 
 
 def _python_only(monkeypatch) -> None:
@@ -75,9 +101,10 @@ def _python_only(monkeypatch) -> None:
     monkeypatch.setattr(accesses, "_native_scan", None)
     monkeypatch.setattr(sites, "_native_frames", None)
     monkeypatch.setattr(native, "ENABLED", False)  # model_class(): model.py's
+    monkeypatch.setattr(threads, "_native", None)  # threads running at enable(): sys._setprofileallthreads or none
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(STEPS)
 def test_random_programs_get_the_same_findings_both_ways(steps):
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -85,7 +112,7 @@ def test_random_programs_get_the_same_findings_both_ways(steps):
         del in_use["trace_bridge"]  # CUDA's, installed by the first CUDA sanitizer (test_trace_bridge.py)
         assert in_use == {"frames": True, "scan": True, "feed": True, "dispatch": True, "storage_feed": True,
                                    "trace_hook": True, "host_lock": True, "event_hook": True,
-                                   "event_feed": True, "model": True}
+                                   "event_feed": True, "threads": True, "model": True}
         with_native = run_program(steps)
         _python_only(monkeypatch)
         assert native.model_class() is lifetime.LifetimeModel
