@@ -11,16 +11,16 @@ from .findings import (
     UseAfterFree,
     finding_to_json,
 )
+from ..native_parts import load
 from .model import LifetimeModel, ModelInputError
 
 # The same model in C++ (native_model.cpp), an optional extension: None where
 # it was not built.  LifetimeModel (model.py) stays the default and the
 # reference the native one is compared with (tests/test_native_model.py,
 # `npu-lifetime fuzz --model native`).
-try:
-    from ._native_model import LifetimeModel as NativeLifetimeModel
-except ImportError:  # not built (no compiler or Python headers at install)
-    NativeLifetimeModel = None
+# Loaded through native_parts like every extension: NPU_LIFETIME_NATIVE=0 turns it off too.
+_native = load(f"{__name__}._native_model")
+NativeLifetimeModel = _native.LifetimeModel if _native is not None else None
 
 MODELS = ("python", "native")
 

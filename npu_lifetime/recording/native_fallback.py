@@ -88,11 +88,15 @@ from typing import Optional
 
 import torch
 
+from ..native_parts import load
 from . import watchers
 
-try:  # the per-call path in C++; the same table in Python where it is not built
-    from ._holds import Table
-except ImportError:  # pragma: no cover - depends on the build
+# the per-call path in C++; the same table in Python where it is not built or the native parts are off
+# (NPU_LIFETIME_NATIVE=0, native_parts.py)
+_native_holds = load(f"{__package__}._holds")
+if _native_holds is not None:
+    Table = _native_holds.Table
+else:
     from ._holds_py import Table
 
 # fork(): the gates' locks, then every fallback's, are held across it (the
@@ -533,10 +537,9 @@ class CudaAPI:
         runtime not found, or ``NPU_LIFETIME_TORCH_EVENTS=1``."""
         if os.environ.get("NPU_LIFETIME_TORCH_EVENTS") == "1" or torch.version.cuda is None:
             return None
-        try:
-            from ._holds import CudaRuntime
-        except ImportError:  # pragma: no cover - depends on the build
+        if _native_holds is None:
             return None
+        CudaRuntime = _native_holds.CudaRuntime
         for path in _loaded_libraries("libtorch_cuda.so"):
             try:
                 return CudaRuntime(path)
