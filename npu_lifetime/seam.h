@@ -22,8 +22,9 @@
 #include <Python.h>
 
 /* Py_XDECREF, with a pending exception kept across a release that frees
- * the object (only then can code run: a shared reference costs a compare). */
-static inline void seam_release(PyObject *obj) {
+ * the object (only then can code run: a shared reference costs a compare).
+ * seam_release(obj) takes any object pointer, as Py_XDECREF does. */
+static inline void seam_release_object(PyObject *obj) {
     if (obj == NULL) return;
     if (Py_REFCNT(obj) > 1 || !PyErr_Occurred()) {
         Py_DECREF(obj);
@@ -35,6 +36,8 @@ static inline void seam_release(PyObject *obj) {
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL); /* raised while releasing: the pending one wins */
     PyErr_Restore(type, value, traceback);
 }
+
+#define seam_release(obj) seam_release_object((PyObject *)(obj))
 
 /* Py_CLEAR through seam_release. */
 #define SEAM_CLEAR(op)                     \
