@@ -8,7 +8,20 @@ honest.  Keys are ``"<aten overload>: <kind> <argument names>"``, as
 A front-end bug is fixed in accesses.py, not listed here.
 """
 
+_SPARSE = (
+        "not comparable: the front end tracks a sparse tensor through the storages of its indices and values "
+        "(npu_lifetime/storage_holders.py, issue 36); this reference perturbs strided inputs only, so it names no "
+        "storage there to compare with.  tests/test_sanitizer_odd_tensors.py checks sparse races directly."
+    )
+
 ALLOWED = {
+    "aten::_sparse_mm_reduce_impl.default: not-compared storage of self": _SPARSE,
+    "aten::_to_sparse.default: not-compared storage of out": _SPARSE,
+    "aten::_to_sparse.sparse_dim: not-compared storage of out": _SPARSE,
+    "aten::sparse_sampled_addmm.default: not-compared storage of out": _SPARSE,
+    "aten::sparse_sampled_addmm.default: not-compared storage of self": _SPARSE,
+    "aten::sparse_sampled_addmm.out: not-compared storage of out": _SPARSE,
+    "aten::sparse_sampled_addmm.out: not-compared storage of self": _SPARSE,
     "aten::conj_physical_.default: write-not-observed self": (
         "dtype-dependent: conj_physical_ of a real tensor (op_db samples it in float32) changes nothing; of a "
         "complex one it negates the imaginary parts.  The schema's Tensor(a!) cannot tell dtypes apart, so the "
