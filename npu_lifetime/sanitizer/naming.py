@@ -136,6 +136,28 @@ def tensor_name(site) -> Optional[str]:
     return ast.unparse(target)
 
 
+def _code(site):
+    """The code object of ``site``'s innermost user frame, or None."""
+    frames = getattr(site, "frames", None)
+    return frames[0][0] if frames else None
+
+
+def in_scope(made_at, paste_at) -> bool:
+    """Whether a name bound at ``made_at`` can be used at ``paste_at``: the
+    same function, or a module-level name of the same file.  Where either
+    site is unknown the name is kept."""
+    made, here = _code(made_at), _code(paste_at)
+    if made is None or here is None or made is here:
+        return True
+    return made.co_name == "<module>" and made.co_filename == here.co_filename
+
+
+def where_in(site) -> str:
+    """``file:line in function`` of ``site``'s innermost user frame."""
+    code = _code(site)
+    return f"{where(site)} in {code.co_name}" if code is not None else where(site)
+
+
 def where(site) -> str:
     frames = site.user_frames() if site is not None and hasattr(site, "user_frames") else []
     if not frames:
@@ -150,6 +172,7 @@ class Names:
     def __init__(self, backend) -> None:
         self.backend = backend
         self._streams: dict = {}  # stream key -> the variable it was assigned to
+        self._made_at: dict = {}  # stream key -> the site that assigned it (its name's scope)
         self._per_line: dict = {}  # (file, line) -> streams created there so far
 
     # -- streams ----------------------------------------------------------------
@@ -167,6 +190,7 @@ class Names:
         index = self._per_line.get(where_key, 0)  # the line's streams in the order it makes them (a loop: again)
         self._per_line[where_key] = index + 1
         self._streams[key] = names[index % len(names)]
+        self._made_at[key] = site
 
     def __call__(self, key) -> str:
         """A stream in prose: the backend's description and its variable."""
@@ -194,27 +218,43 @@ class Names:
         except Exception:  # a backend that cannot say: no name rather than a wrong one
             return None
 
-    def stream_arg(self, key) -> str:
-        """The stream as an argument in a fix: its expression, or a
-        placeholder that says which stream to put there."""
+    def stream_arg(self, key, at=None) -> str:
+        """The stream as an argument in a fix to paste at the site ``at``: its
+        expression where its name is in scope there, else a placeholder that
+        says which stream to put there (``placeholder_note``)."""
         code = self.stream_code(key)
+        if code and key in self._made_at and not in_scope(self._made_at[key], at):
+            return f"<{code}>"  # named in another function: the note says which object
         return code if code else f"<{self.backend.describe(key)}>"
+
+    def placeholder_note(self, placeholder: str) -> Optional[str]:
+        """What a ``<name>`` placeholder of ``stream_arg`` stands for, when it
+        is a stream named out of the paste line's scope; else None."""
+        for key, code in self._streams.items():
+            if placeholder == f"<{code}>" and key in self._made_at:
+                return (f"({placeholder}: the stream made as `{code}` at {where_in(self._made_at[key])}; "
+                        "use the name it has where you paste)")
+        return None
 
     def is_collective(self, key) -> bool:
         return self.backend.device_type == "cpu" and key[1] < 0
 
     # -- tensors ------------------------------------------------------------------
-    def tensor(self, alloc_site) -> tuple:
-        """``(code, known)``: the variable the tensor was assigned to at its
-        allocation, else ``x`` (not known: the report says where it was
-        allocated)."""
+    def tensor(self, alloc_site, at=None) -> tuple:
+        """``(code, known)`` for a fix pasted at the site ``at``: the variable
+        the tensor was assigned to at its allocation, where that name is in
+        scope there; else a placeholder (not known: ``tensor_prose`` says
+        what it stands for): ``<name>`` for a tensor named in another
+        function, ``x`` for one never named."""
         name = tensor_name(alloc_site)
+        if name and not in_scope(alloc_site, at):
+            return f"<{name}>", False
         return (name, True) if name else ("x", False)
 
     def tensor_prose(self, alloc_site) -> str:
-        code, known = self.tensor(alloc_site)
-        if known:
-            return f"`{code}` (allocated at {where(alloc_site)})"
+        name = tensor_name(alloc_site)
+        if name:
+            return f"the tensor allocated as `{name}` at {where_in(alloc_site)}"
         return f"the tensor allocated at {where(alloc_site)}"
 
     def record_stream(self, tensor: str, stream: str) -> str:

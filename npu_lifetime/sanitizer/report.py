@@ -66,11 +66,19 @@ def _storages(info: GroupInfo, name, site_of) -> list:
     return [f"  on {info.distinct} distinct storages: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")]
 
 
-def _placeholder_note(*streams: str) -> list:
-    """What a ``<...>`` stream in a fix stands for, when one of ``streams`` is one."""
-    if any(s.startswith("<") for s in streams):
-        return ["    (<...>: that stream object; no line of the program that made it was seen)"]
-    return []
+def _placeholder_note(name, *streams: str) -> list:
+    """What each ``<...>`` stream in a fix stands for: a stream named in
+    another function than the paste line's, or one whose making was not seen."""
+    notes, unseen = [], False
+    for stream in dict.fromkeys(s for s in streams if s.startswith("<")):
+        note = name.placeholder_note(stream) if hasattr(name, "placeholder_note") else None
+        if note:
+            notes.append(f"    {note}")
+        else:
+            unseen = True
+    if unseen:
+        notes.append("    (<...>: that stream object; no line of the program that made it was seen)")
+    return notes
 
 
 def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
@@ -79,22 +87,27 @@ def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
     if not hasattr(name, "stream_code"):
         return [f"  fix: {f.fix(name)}"]
     use = f.last_use
-    tensor, known = name.tensor(f.alloc_site)
     if name.is_collective(f.usage_stream):
         return [f"  fix: wait for the collective before the free{at_free}: `work.wait()` on the Work it returned "
                 "(or async_op=False)"]
-    u, a = name.stream_arg(f.usage_stream), name.stream_arg(f.alloc_stream)
+    # each line in the names of the function it is pasted into: the last use's, the free's
+    free_site = None if f.live else f.free_site
+    t_use, known_use = name.tensor(f.alloc_site, at=use.site)
+    t_free, known_free = name.tensor(f.alloc_site, at=free_site)
+    u_use, u_free = name.stream_arg(f.usage_stream, at=use.site), name.stream_arg(f.usage_stream, at=free_site)
+    a = name.stream_arg(f.alloc_stream, at=free_site)
     lines = [
         "  fix (any one):",
         f"    after the last use on {name(f.usage_stream)} ({use.op or use.verb} at {naming.where(use.site)}):  "
-        f"npu_lifetime.record_use({tensor}, {u})",
-        f"    before the free{at_free}:  {name.record_stream(tensor, u)}",
+        f"npu_lifetime.record_use({t_use}, {u_use})",
+        f"    before the free{at_free}:  {name.record_stream(t_free, u_free)}",
     ]
     if not name.is_collective(f.alloc_stream):
-        lines.append(f"    before the free{at_free}:  {a}.wait_stream({u})")
-    if not known:
-        lines.append(f"    ({tensor}: {name.tensor_prose(f.alloc_site)})")
-    return lines + _placeholder_note(u, a)
+        lines.append(f"    before the free{at_free}:  {a}.wait_stream({u_free})")
+    for tensor, known in dict.fromkeys(((t_use, known_use), (t_free, known_free))):
+        if not known:
+            lines.append(f"    ({tensor}: {name.tensor_prose(f.alloc_site)})")
+    return lines + _placeholder_note(name, u_use, u_free, a)
 
 
 def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
@@ -132,14 +145,14 @@ def _race_fix(f: DataRace, name) -> list:
     if name.is_collective(prior.stream):
         return [f"  fix: {where}: wait for the collective, `work.wait()` on the Work it returned "
                 "(record_stream/record_use do not order accesses)"]
-    waiter, waitee = name.stream_arg(acc.stream), name.stream_arg(prior.stream)
+    waiter, waitee = name.stream_arg(acc.stream, at=acc.site), name.stream_arg(prior.stream, at=acc.site)
     if name.is_collective(acc.stream):
         return [f"  fix: issue the collective after {waitee}'s {prior.verb} ({prior.op or 'op'}): call it on "
                 f"{waitee}, or make the current stream wait for it first: `<current stream>.wait_stream({waitee})`"]
     lines = [f"  fix: {where}:  {waiter}.wait_stream({waitee})",
              f"    (or an event recorded on {waitee} after the {prior.verb} and waited on by {waiter}; "
              "record_stream/record_use do not order accesses)"]
-    return lines + _placeholder_note(waiter, waitee)
+    return lines + _placeholder_note(name, waiter, waitee)
 
 
 def _race(f: DataRace, name: Namer, info: GroupInfo) -> list:
