@@ -736,7 +736,11 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
 
 // A free that does not match the live owner but does match the last owner
 // that freed this address is a stale (double) free: reported, not executed,
-// so the new owner keeps its memory.  Other mismatches are reported and the
+// so the new owner keeps its memory.  So is a free of another size than the
+// live owner's: torch frees with the size it allocated, so it is a stale free
+// of an owner the book no longer remembers (past kMaxFreed frees) or a
+// caller's bug, and freeing would hand the live owner's memory out twice.
+// A free of the right size on another stream or device is reported and the
 // block is freed.
 bool CachingAllocator::stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b) {
     bool size_ok = size == static_cast<ssize_t>(b->requested);
@@ -755,9 +759,10 @@ bool CachingAllocator::stale_free(void* ptr, ssize_t size, int device, Stream st
     }
     f.kind = size_ok ? "stream_mismatch" : "size_mismatch";
     f.detail = size_ok ? "freed with another stream or device than it was allocated on; freed anyway"
-                       : "freed with another size than it was allocated with; freed anyway";
+                       : "freed with another size than its live owner was allocated with: not freed, the owner "
+                         "keeps its memory (a stale free of an earlier owner no longer remembered reads the same)";
     report(std::move(f));
-    return false;
+    return !size_ok;
 }
 
 void CachingAllocator::report_bad_free(void* ptr, ssize_t size, int device, Stream stream) {
