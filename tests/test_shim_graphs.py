@@ -88,7 +88,9 @@ def test_a_released_pool_gives_its_segments_back(sim_shim):
     assert sim_shim.stats()["reserved_bytes.all.current"] == reserved
     sim_shim.release_pool(0, POOL)
     assert sim_shim.stats()["reserved_bytes.all.current"] == reserved  # a is still live
-    sim_shim.free(a, 4096, 0, S1)  # the last block of a released pool: its segment goes
+    sim_shim.free(a, 4096, 0, S1)  # the last block of a released pool: cached (a free never returns memory)
+    assert sim_shim.stats()["reserved_bytes.all.current"] == reserved
+    sim_shim.empty_cache()  # its segment goes here (issue 37: it went from the free before)
     assert sim_shim.stats()["reserved_bytes.all.current"] == 0
 
 
@@ -282,7 +284,9 @@ def test_a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it(sim_shim
     assert len(given) == 1 and not given[0][0] <= eager < given[0][0] + given[0][1]
     sim_shim.release_pool(0, POOL)  # the MemPool goes; its tensor lives on
     assert returned == []
-    sim_shim.free(p, 1 << 20, 0, S1)  # the pool's last block: its segment goes back to its allocator
+    sim_shim.free(p, 1 << 20, 0, S1)  # the pool's last block: cached, as torch's free never returns memory
+    assert returned == []
+    sim_shim.empty_cache()  # (issue 37) its segment goes back to its allocator there
     assert returned == given
     sim_shim.free(eager, 1 << 20, 0, S1)
     assert sim_calls("malloc") == runtime_allocs + 1  # the eager segment only
@@ -412,4 +416,41 @@ def test_a_use_on_oom_pool_that_a_capture_allocates_into_lends_nothing(sim_shim)
     assert sim_shim.alloc(30 * MB, 0, S1) == 0  # eager on S1, out of memory: the open pool does not lend
     end(sim_shim, S2, lender)
     assert sim_shim.alloc(30 * MB, 0, S1) == cached  # closed again: it lends
+    check_invariants()
+
+
+def test_a_released_pools_allocator_frees_only_after_the_work_queued_on_its_segment(sim_shim):
+    """(issue 37) Freeing a released pool's last block returned its segment
+    from inside npl_free, to the pool allocator's free, while a kernel was
+    still queued on it.  Now the segment goes at empty_cache, after its
+    stream ran to its end."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    queued_at_free = []
+
+    @SEGMENT_ALLOC
+    def alloc(size, device, stream, ctx):
+        return libc.malloc(size)
+
+    @SEGMENT_FREE
+    def free(ptr, size, device, stream, ctx):
+        queued_at_free.append(sim_shim.sim.incomplete_events())
+        libc.free(ptr)
+
+    sim_shim.create_or_incref_pool(0, POOL)
+    library().npl_set_pool_allocator(0, POOL[0], POOL[1], ctypes.cast(alloc, ctypes.c_void_p),
+                                     ctypes.cast(free, ctypes.c_void_p), None)
+    sim_shim.begin_allocate_to_pool(0, POOL, 0)
+    p = sim_shim.alloc(1 << 20, 0, S1)
+    sim_shim.end_allocate_to_pool(0, POOL)
+    sim_shim.release_pool(0, POOL)
+    sim_shim.release_pool(0, POOL)  # the MemPool goes too: the pool is freeable
+    assert sim_shim.pool_use_count(0, POOL) == 0
+    sim_shim.sim.launch(S1)  # a kernel on the memory, still queued
+    sim_shim.sim.record_event(S1)  # complete once that kernel ran
+    sim_shim.free(p, 1 << 20, 0, S1)
+    assert queued_at_free == []  # nothing from the free itself
+    sim_shim.empty_cache()
+    assert queued_at_free == [0]  # the allocator's free ran after the queued kernel
     check_invariants()

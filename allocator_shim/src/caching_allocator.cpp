@@ -595,12 +595,9 @@ NPL_HOT void CachingAllocator::cache_block(Block* b) {
             count_cached<+1>(b);
         }
     }
-    if (__builtin_expect(b->pool->id.eager(), 1) || !graph_pools_.freeable(b->device, b->pool->id)) return;
-    // a released graph pool gives its segments back as they become free: this one
-    if (b->prev == nullptr && b->next == nullptr && b->held.empty() && !queries_frozen()) {
-        Segment* seg = b->segment;
-        if (release_segment(seg)) segments_.remove(seg);
-    }
+    // (A released graph pool's segments go back at empty_cache and on the
+    // out-of-memory path, as torch's do, never from a free: work may still be
+    // queued on them, and a pool allocator's free would run under it.)
 }
 
 // `b` takes the bytes and events of `n`, its cached neighbour (leaving the segment).

@@ -69,6 +69,12 @@ Status CachingAllocator::segment_free(const Segment* seg, int* code) {
         return release_expansion(seg->expansion, &s, code) ? s : Status::error;
     }
     if (seg->source.alloc == nullptr) return rt_->free(seg->base, seg->device, code);
+    // A pool allocator's free (torch.cuda.MemPool(allocator)) may unmap at
+    // once, where the runtime's free waits for the device: the work queued on
+    // the segment's stream runs to its end first (its other streams' uses
+    // were waited for through their events before the segment was free).
+    Status synced = rt_->stream_synchronize(seg->stream, code);
+    if (synced != Status::ok) return synced;
     seg->source.free(seg->base, seg->size, seg->device, seg->stream, seg->source.ctx);
     return Status::ok;
 }
