@@ -28,6 +28,19 @@ def test_cudnn_benchmark_trains_as_without_benchmark(allocator):
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_cache_info_follows_torchs_rule(allocator):
+    """(issue 37) The shim answered the largest cached eager block (12 MiB
+    here) where torch answers the device's free memory, capping cudnn
+    benchmark's workspaces at 12 MiB."""
+    r = run_program("entry_point_programs.py", "cache_info", allocator, timeout=600)
+    check_backend(r, allocator)
+    low, high = min(r["free_memory"]), max(r["free_memory"])
+    assert low - (64 << 20) <= r["from_zero"] <= high + (64 << 20), r  # the device's free memory
+    assert r["from_one"] == 12 << 20  # the cached block, larger than 1
+    assert r["from_huge"] == 1 << 50  # nothing cached is larger
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_memory_history_is_read_by_torchs_own_tools(allocator):
     r = run_program("entry_point_programs.py", "memory_history", allocator)
     check_backend(r, allocator)

@@ -391,14 +391,14 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
 
     // cudnn benchmark sizes its workspace by the largest block it could get
     // without a new segment, or the device's free memory if none is cached.
+    // torch's rule (cudnn benchmark's workspace cap, which passes 0): from
+    // the device's free memory when *largest is 0, else from *largest, the
+    // largest cached block of any pool, large, small or graph, if larger.
     void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
-        size_t best = 0;
+        size_t best = *largest != 0 ? *largest : getMemoryInfo(device).first;
         for (const npl_block_record& r : block_records(shim_)) {
-            if (r.device == device && r.state == NPL_BLOCK_CACHED && !r.small && in_pool(r, {0, 0})) {
-                best = std::max<size_t>(best, r.size);
-            }
+            if (r.device == device && r.state == NPL_BLOCK_CACHED) best = std::max<size_t>(best, r.size);
         }
-        if (best == 0) best = getMemoryInfo(device).first;
         *largest = best;
     }
 

@@ -55,6 +55,36 @@ def cudnn_benchmark(allocator):
     return {**info, "same": same, "findings": findings(allocator)}
 
 
+_CACHE_INFO = """
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cstdint>
+int64_t cache_info(int64_t device, int64_t start) {
+    size_t largest = static_cast<size_t>(start);
+    c10::cuda::CUDACachingAllocator::cacheInfo(static_cast<c10::DeviceIndex>(device), &largest);
+    return static_cast<int64_t>(largest);
+}
+"""
+
+
+def cache_info(allocator):
+    """(issue 37) What cacheInfo answers with one 12 MiB block cached: torch's
+    rule starts from the device's free memory when given 0 (cudnn's
+    getMaxWorkspaceSize), else from the value given, and takes the largest
+    cached block of any pool if larger."""
+    from torch.utils.cpp_extension import load_inline
+
+    info = setup(allocator)
+    ext = load_inline(f"npl_cache_info_{allocator}", _CACHE_INFO, functions=["cache_info"], verbose=False)
+    x = torch.empty(12 << 20, dtype=torch.uint8, device="cuda")
+    del x  # cached, 12 MiB
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    from_zero = ext.cache_info(0, 0)
+    free_after = torch.cuda.mem_get_info()[0]
+    return {**info, "findings": findings(allocator), "from_zero": from_zero, "free_memory": [free_before, free_after],
+            "from_one": ext.cache_info(0, 1), "from_huge": ext.cache_info(0, 1 << 50)}
+
+
 def make_activations():
     return [torch.empty(1 << 20, device="cuda") for _ in range(3)]
 
