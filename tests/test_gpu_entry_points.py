@@ -36,7 +36,7 @@ def test_cache_info_follows_torchs_rule(allocator):
     check_backend(r, allocator)
     low, high = min(r["free_memory"]), max(r["free_memory"])
     assert low - (64 << 20) <= r["from_zero"] <= high + (64 << 20), r  # the device's free memory
-    assert r["from_one"] == 12 << 20  # the cached block, larger than 1
+    assert 12 << 20 <= r["from_one"] <= 64 << 20, r  # the largest cached block (12 MiB here), larger than 1
     assert r["from_huge"] == 1 << 50  # nothing cached is larger
 
 
