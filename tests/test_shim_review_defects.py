@@ -90,11 +90,14 @@ def test_d2_releasing_a_graph_pool_keeps_the_eager_cache(sim_shim):
     sim_shim.release_pool(0, POOL)  # its block is live: nothing of its own to give back
     # before: the eager segment went too (release_pool freed every free segment of the device)
     assert sim_shim.stats()["num_device_free"] == 0
-    sim_shim.free(graph, 4096, 0, S1)  # the released pool's last block: its segment goes, only it
+    sim_shim.free(graph, 4096, 0, S1)  # the released pool's last block: cached (issue 37: a free returns nothing)
+    assert sim_shim.stats()["num_device_free"] == 0
+    sim_shim.empty_pool_cache(0, POOL)  # its segment goes there, only it
     s = sim_shim.stats()
     assert (s["segment.all.current"], s["num_device_free"]) == (2, 1)
     assert sim_shim.alloc(4096, 0, S1) == eager  # the eager cache is intact
     sim_shim.free(other, 4096, 0, S1)
+    sim_shim.empty_pool_cache(0, (8, 0))
     assert sim_shim.stats()["num_device_free"] == 2
     check_invariants()
 
@@ -396,3 +399,32 @@ def test_d11_a_free_stays_cheap_with_more_live_blocks_than_the_book_keeps_freed_
     # every block freed: the oldest address is forgotten, one at a time, the newest still known
     assert r["mean_free_ns_all"] < 100_000, r
     assert (r["oldest_again"], r["newest_again"]) == ("unknown_pointer", "double_free"), r
+
+
+def test_a_claim_of_a_block_whose_event_fired_takes_it(sim_shim):
+    """(issue 37) claim() refused any block carrying an event, so a graph
+    output given a record_use made the checkpoint restore raise.  A fired
+    event is dropped; one still pending is waited for GPU-side."""
+    sim_shim.set_policy("lazy_wait")  # the default: a freed block is cached at once with its use events
+    g = sim_shim.alloc(4096, 0, S1)
+    sim_shim.record_use(g, S2)  # its event, recorded on S2
+    sim_shim.free(g, 4096, 0, S1)
+    sim_shim.sim.complete(S2)  # ... and fired
+    library().npl_claim_next(g)
+    assert sim_shim.alloc(4096, 0, S1) == g
+    assert _claims(sim_shim) == []
+    check_invariants()
+
+
+def test_a_claim_of_a_block_with_a_pending_event_waits_for_it_on_the_claiming_stream(sim_shim):
+    sim_shim.set_policy("lazy_wait")
+    g = sim_shim.alloc(4096, 0, S1)
+    sim_shim.sim.launch(S2)  # S2's work, still queued
+    sim_shim.record_use(g, S2)
+    sim_shim.free(g, 4096, 0, S1)
+    waits = sim_shim.sim.stream_waits(S1)
+    library().npl_claim_next(g)
+    assert sim_shim.alloc(4096, 0, S1) == g
+    assert sim_shim.sim.stream_waits(S1) == waits + 1  # S1 waits for S2's use before it touches g
+    assert _claims(sim_shim) == []
+    check_invariants()

@@ -335,25 +335,36 @@ void CachingAllocator::claim_next(void* ptr) {
     claim_ = static_cast<char*>(ptr);
 }
 
-// The claimed memory must be free, carry no events, and belong where the
-// allocation does: its device and stream (blocks never move between
-// streams: that would need a wait on the old one), and, when a capture
-// claims the allocation, that capture's pool (an eager block must not be
-// baked into a graph).  Outside a capture a graph pool's block may be
-// claimed: that is how a pool checkpoint is restored; it stays in its pool.
+// The claimed memory must be free and belong where the allocation does: its
+// device and stream (blocks never move between streams: that would need a
+// wait on the old one), and, when a capture claims the allocation, that
+// capture's pool (an eager block must not be baked into a graph).  Outside a
+// capture a graph pool's block may be claimed: that is how a pool checkpoint
+// is restored; it stays in its pool.  Events the block carries (a graph
+// output given a record_use) are dropped once fired, and the claiming stream
+// waits GPU-side on the others, as a reuse under lazy_wait does; during a
+// capture a block carrying events is refused (its events can't be queried).
 void* CachingAllocator::claim(size_t rounded, size_t requested, int device, Stream stream) {
     char* ptr = claim_;
     claim_ = nullptr;
     claims_--;
-    PoolId id = graph_pools_.any_capture_underway() ? graph_pools_.pool_for(device, stream) : PoolId{};
+    bool capturing = graph_pools_.any_capture_underway();
+    PoolId id = capturing ? graph_pools_.pool_for(device, stream) : PoolId{};
     Block* b = segments_.block_at(ptr);
     const char* why = nullptr;
-    if (b == nullptr || b->state != BlockState::cached || !b->held.empty() || ptr + rounded > b->ptr + b->size) {
+    if (b == nullptr || b->state != BlockState::cached || ptr + rounded > b->ptr + b->size) {
         why = "the memory to claim is not free, or not all free";
     } else if (b->device != device || b->stream != stream) {
         why = "the memory to claim belongs to another device or stream than the allocation";
     } else if (!id.eager() && !(b->pool->id == id)) {
         why = "a capture's allocation may claim only memory of the capture's own graph pool";
+    } else if (!b->held.empty() && capturing) {
+        why = "the memory to claim carries events, which can't be waited for during a capture";
+    } else if (!b->held.empty()) {
+        pool_erase(b);  // its statistics change with its events
+        bool waited = wait_for_held(b, stream);
+        pool_insert(b);
+        if (!waited) why = "the claiming stream could not wait for the events the memory carries";
     }
     if (why != nullptr) {
         Finding f;
