@@ -176,3 +176,30 @@ def test_lifetime_calls_accept_a_view_address(sim_shim):
 def test_the_runtime_says_how_many_devices_it_sees(sim_shim):
     assert sim_shim.device_count() == 8  # the simulated runtime's
 
+
+
+@pytest.mark.parametrize("bad_free", ["unknown", "double", "size"])
+def test_the_free_hook_hears_only_of_frees_that_free_a_block(sim_shim, bad_free):
+    """(issue 37) The hook (the sanitizer's feed) fired before the free was
+    validated, so a refused free still reached the sanitizer as a free."""
+    from npu_lifetime.shim import hooks
+
+    heard = []
+    sub = hooks.subscribe(None, lambda ptr, size, device, stream: heard.append((ptr, size)))
+    try:
+        p = sim_shim.alloc(64, 0, S1)
+        if bad_free == "unknown":
+            sim_shim.free(0xDEAD0, 64, 0, S1)
+        elif bad_free == "double":
+            sim_shim.free(p, 64, 0, S1)
+            heard.clear()
+            sim_shim.free(p, 64, 0, S1)
+        else:
+            sim_shim.free(p, 65, 0, S1)
+        assert heard == [], heard
+        assert sim_shim.findings()  # each refused free is a finding instead
+        q = sim_shim.alloc(128, 0, S1)
+        sim_shim.free(q, 128, 0, S1)  # a valid free is heard
+        assert heard == [(q, 128)]
+    finally:
+        hooks.unsubscribe(sub)

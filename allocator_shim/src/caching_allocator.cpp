@@ -742,6 +742,18 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     finish_free(b);
 }
 
+// Whether free(ptr, size, device, stream) would free a block (the checks of
+// free and stale_free, with no effect): the hooks hear only of such frees.
+bool CachingAllocator::would_free(void* ptr, ssize_t size, int device, Stream stream) {
+    std::lock_guard<AllocatorLock> lock(mu_);
+    const Address* a = book_.find(ptr);
+    const Block* b = a != nullptr ? a->live : nullptr;
+    if (b == nullptr) return false;
+    if (size != static_cast<ssize_t>(b->requested)) return false;
+    if (stream == b->stream && device == b->device) return true;
+    return !(a->freed && static_cast<ssize_t>(a->freed_size) == size && a->freed_stream == stream);
+}
+
 // A free that does not match the live owner but does match the last owner
 // that freed this address is a stale (double) free: reported, not executed,
 // so the new owner keeps its memory.  So is a free of another size than the

@@ -58,6 +58,8 @@ class CachingAllocator {
 
     void* allocate(ssize_t size, int device, Stream stream);
     void free(void* ptr, ssize_t size, int device, Stream stream);
+    // Whether that free would free a block (no effect; free still reports what it refuses).
+    bool would_free(void* ptr, ssize_t size, int device, Stream stream);
     // `ptr` may point anywhere inside a live block; `stream_device` is the
     // stream's device when the caller knows it, else -1.
     int record_stream(void* ptr, Stream stream, int stream_device);
