@@ -454,3 +454,39 @@ def test_a_released_pools_allocator_frees_only_after_the_work_queued_on_its_segm
     sim_shim.empty_cache()
     assert queued_at_free == [0]  # the allocator's free ran after the queued kernel
     check_invariants()
+
+
+def test_the_memory_fraction_applies_to_a_pool_allocators_segments(sim_shim):
+    """(issue 37) A MemPool allocator's segments skipped the fraction check;
+    torch applies it first."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    asked = []
+
+    @SEGMENT_ALLOC
+    def alloc(size, device, stream, ctx):
+        asked.append(size)
+        return libc.malloc(size)
+
+    @SEGMENT_FREE
+    def free(ptr, size, device, stream, ctx):
+        libc.free(ptr)
+
+    sim_shim.sim.set_memory_limit(1000 << 20)
+    sim_shim.set_memory_fraction(0.1, 0)  # 100 MiB
+    sim_shim.create_or_incref_pool(0, POOL)
+    library().npl_set_pool_allocator(0, POOL[0], POOL[1], ctypes.cast(alloc, ctypes.c_void_p),
+                                     ctypes.cast(free, ctypes.c_void_p), None)
+    sim_shim.begin_allocate_to_pool(0, POOL, 0)
+    a = sim_shim.alloc(60 << 20, 0, S1)
+    b = sim_shim.alloc(60 << 20, 0, S1)  # 120 MiB reserved would pass the fraction
+    sim_shim.end_allocate_to_pool(0, POOL)
+    assert a != 0 and b == 0
+    assert len(asked) == 1  # the pool allocator was not asked for the second
+    assert "memory fraction 0.1" in sim_shim.last_oom_message()
+    sim_shim.free(a, 60 << 20, 0, S1)
+    sim_shim.release_pool(0, POOL)
+    sim_shim.release_pool(0, POOL)
+    sim_shim.empty_cache()
+    sim_shim.set_memory_fraction(1.0, 0)

@@ -54,10 +54,12 @@ Status CachingAllocator::device_malloc(void** ptr, size_t bytes, int device, int
     return rt_->malloc(ptr, bytes, device, code);
 }
 
-// A segment's memory: from its pool's own allocator if it has one, else the runtime's.
+// A segment's memory: from its pool's own allocator if it has one, else the
+// runtime's; the memory fraction applies to both, checked first, as torch does.
 Status CachingAllocator::segment_malloc(const SegmentSource& source, void** ptr, size_t bytes, int device,
                                         Stream stream, int* code) {
     if (source.alloc == nullptr) return device_malloc(ptr, bytes, device, code);
+    if (over_fraction(device, bytes, code)) return Status::out_of_memory;
     *code = 0;
     *ptr = source.alloc(bytes, device, stream, source.ctx);
     return *ptr != nullptr ? Status::ok : Status::out_of_memory;
