@@ -224,3 +224,22 @@ def test_simulated_streams_wait_on_events_and_fills_land_in_order(sim_shim):
     sim_shim.sim.complete(S1)
     assert ctypes.string_at(p, 1) == b"\xff"
     sim_shim.set_debug(False)
+
+
+def test_the_simulated_free_waits_for_the_device_and_counts_work_left_on_the_memory(sim_shim):
+    """(issue 37) The simulated runtime's free did not wait for queued work as
+    cudaFree does: a fill queued on a segment empty_cache gave back landed in
+    freed host memory.  Now every stream runs to its end first, and a fill
+    still queued on the memory at its free counts as an illegal access (a
+    runtime whose free does not wait would run it on freed memory)."""
+    before = sim_shim.sim.illegal_accesses()
+    p = sim_shim.alloc(1 << 20, 0, S1)
+    assert sim_shim.sim.fill(S2, p, 7, 4096)  # S2 writes it, undeclared, still queued
+    sim_shim.free(p, 1 << 20, 0, S1)
+    sim_shim.empty_cache()  # the shim waits for S1 only: S2's write is the program's bug
+    assert sim_shim.sim.illegal_accesses() == before + 1
+    q = sim_shim.alloc(1 << 20, 0, S1)
+    assert sim_shim.sim.fill(S1, q, 7, 4096)  # queued on the segment's own stream
+    sim_shim.free(q, 1 << 20, 0, S1)
+    sim_shim.empty_cache()  # the shim synchronises S1 before the free: nothing left on it
+    assert sim_shim.sim.illegal_accesses() == before + 1

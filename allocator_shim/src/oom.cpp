@@ -70,13 +70,15 @@ Status CachingAllocator::segment_free(const Segment* seg, int* code) {
         Status s = Status::ok;
         return release_expansion(seg->expansion, &s, code) ? s : Status::error;
     }
-    if (seg->source.alloc == nullptr) return rt_->free(seg->base, seg->device, code);
-    // A pool allocator's free (torch.cuda.MemPool(allocator)) may unmap at
-    // once, where the runtime's free waits for the device: the work queued on
-    // the segment's stream runs to its end first (its other streams' uses
-    // were waited for through their events before the segment was free).
+    // The work queued on the segment's stream runs to its end first: a pool
+    // allocator's free (torch.cuda.MemPool(allocator)) may unmap at once, and
+    // so may aclrtFree; cudaFree waits for the device itself.  (Uses on other
+    // streams were waited for through their events before the segment was
+    // free; one the program never declared is its bug, which the simulated
+    // runtime's free counts.)
     Status synced = rt_->stream_synchronize(seg->stream, code);
     if (synced != Status::ok) return synced;
+    if (seg->source.alloc == nullptr) return rt_->free(seg->base, seg->device, code);
     seg->source.free(seg->base, seg->size, seg->device, seg->stream, seg->source.ctx);
     return Status::ok;
 }

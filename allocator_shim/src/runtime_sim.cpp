@@ -145,12 +145,28 @@ Status sim_malloc(void** ptr, size_t size, int, int* code) {
     return result(kOk, code);
 }
 
+// As cudaFree, the free waits for the device: every stream runs to its end
+// first (so no queued fill lands in freed memory).  Work still queued on
+// the memory itself is counted as an illegal access: a runtime whose free
+// does not wait (aclrtFree, a pool allocator's free) would run it on freed
+// memory, so a test sees the synchronisation the shim left out.
 Status sim_free(void* ptr, int, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     if (injected_failure(s, kFree)) return result(kInvalid, code);
     auto it = s.memory.find(ptr);
     if (it == s.memory.end()) return result(kInvalid, code);
+    const char* begin = static_cast<const char*>(ptr);
+    const char* end = begin + it->second;
+    uint64_t queued_on_it = 0;
+    for (auto& entry : s.streams) {
+        for (const Fill& f : entry.second.pending_fills) {
+            const char* at = static_cast<const char*>(f.ptr);
+            queued_on_it += at < end && begin < at + f.size;
+        }
+    }
+    if (queued_on_it != 0) sim::detail::count_illegal(queued_on_it);
+    for (auto& entry : s.streams) advance(s, entry.second, entry.second.queued, true);
     s.in_use -= it->second;
     s.memory.erase(it);
     std::free(ptr);

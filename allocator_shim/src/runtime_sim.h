@@ -36,11 +36,13 @@ uint64_t completed(Stream stream);  // operations of `stream` that have run
 uint64_t mapped_bytes();        // bytes of physical chunks mapped now
 uint64_t reserved_bytes();      // bytes of address space reserved now
 bool accessible(const void* ptr, size_t size);  // memory a kernel may touch (malloc'd, or mapped with access)
-uint64_t illegal_accesses();    // fills and reads refused for touching unmapped memory
+uint64_t illegal_accesses();    // fills and reads refused for touching unmapped memory, and fills
+                                // still queued on memory when it was freed
 
 namespace detail {  // between the two files of the simulated runtime
 const VirtualMemory* virtual_memory(std::string* why);
 bool accessible(const void* ptr, size_t size);  // counts an illegal access when not
+void count_illegal(uint64_t n);  // work the free of its memory found still queued (runtime_sim.cpp)
 Status call_status(const char* call, int* code);  // counts `call`; an injected failure (fail_next)
 Status charge(size_t bytes, int* code);  // device memory taken, within the limit
 void refund(size_t bytes);

@@ -249,6 +249,12 @@ bool accessible(const void* ptr, size_t size) {
     return ok;
 }
 
+void count_illegal(uint64_t n) {
+    VmState& s = vm();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.illegal += n;
+}
+
 }  // namespace detail
 
 uint64_t mapped_bytes() {
