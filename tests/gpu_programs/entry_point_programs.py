@@ -58,7 +58,7 @@ def cudnn_benchmark(allocator):
 _CACHE_INFO = """
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cstdint>
-int64_t cache_info(int64_t device, int64_t start) {
+extern "C" __attribute__((visibility("default"))) int64_t npl_test_cache_info(int device, int64_t start) {
     size_t largest = static_cast<size_t>(start);
     c10::cuda::CUDACachingAllocator::cacheInfo(static_cast<c10::DeviceIndex>(device), &largest);
     return static_cast<int64_t>(largest);
@@ -66,23 +66,40 @@ int64_t cache_info(int64_t device, int64_t start) {
 """
 
 
+def _cache_info_function():
+    """torch's c10::cuda::CUDACachingAllocator::cacheInfo (what cudnn calls),
+    compiled as the shim's bridges are (no ninja needed)."""
+    import ctypes
+    import subprocess
+
+    from npu_lifetime.shim import bridge
+
+    work = tempfile.mkdtemp()
+    source, library = os.path.join(work, "cache_info.cpp"), os.path.join(work, "libcache_info.so")
+    with open(source, "w") as f:
+        f.write(_CACHE_INFO)
+    flags = bridge._torch_flags() + bridge._torch_cuda_flags()
+    subprocess.run(["c++", "-std=c++17", "-O1", "-fPIC", "-shared", source, "-o", library, *flags], check=True)
+    function = ctypes.CDLL(library).npl_test_cache_info
+    function.restype, function.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_int64]
+    return function
+
+
 def cache_info(allocator):
     """(issue 37) What cacheInfo answers with one 12 MiB block cached: torch's
     rule starts from the device's free memory when given 0 (cudnn's
     getMaxWorkspaceSize), else from the value given, and takes the largest
     cached block of any pool if larger."""
-    from torch.utils.cpp_extension import load_inline
-
     info = setup(allocator)
-    ext = load_inline(f"npl_cache_info_{allocator}", _CACHE_INFO, functions=["cache_info"], verbose=False)
+    ask = _cache_info_function()
     x = torch.empty(12 << 20, dtype=torch.uint8, device="cuda")
     del x  # cached, 12 MiB
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
-    from_zero = ext.cache_info(0, 0)
+    from_zero = ask(0, 0)
     free_after = torch.cuda.mem_get_info()[0]
     return {**info, "findings": findings(allocator), "from_zero": from_zero, "free_memory": [free_before, free_after],
-            "from_one": ext.cache_info(0, 1), "from_huge": ext.cache_info(0, 1 << 50)}
+            "from_one": ask(0, 1), "from_huge": ask(0, 1 << 50)}
 
 
 def make_activations():
