@@ -31,6 +31,18 @@ def racy_body():
     return y
 
 
+def waiting_worker():
+    """A thread (not started) that runs racy_body once ``go`` is set, then sets ``done``."""
+    go, done = threading.Event(), threading.Event()
+
+    def worker():
+        go.wait()
+        racy_body()
+        done.set()
+
+    return threading.Thread(target=worker), go, done
+
+
 def kinds(san):
     return sorted({f.kind for f in san.flush()})
 
@@ -56,14 +68,7 @@ def test_a_thread_started_after_enable_is_followed():
                     reason="threads already running are followed by _threads.c (CPython 3.11/3.12) or "
                            "sys._setprofileallthreads (3.12+); the pure-Python sanitizer on 3.11 has neither")
 def test_a_thread_running_before_enable_is_followed():
-    go, done = threading.Event(), threading.Event()
-
-    def worker():
-        go.wait()
-        racy_body()
-        done.set()
-
-    thread = threading.Thread(target=worker)
+    thread, go, done = waiting_worker()
     thread.start()  # before the sanitizer exists
     with sanitizer() as san:
         go.set()
@@ -111,14 +116,7 @@ def test_nothing_is_seen_after_disable():
         warm = threading.Thread(target=lambda: torch.ones(2) + 1)  # this thread takes the mode
         warm.start()
         warm.join()
-    go, done = threading.Event(), threading.Event()
-
-    def worker():
-        go.wait()
-        racy_body()
-        done.set()
-
-    thread = threading.Thread(target=worker)
+    thread, go, done = waiting_worker()
     with san:
         thread.start()  # takes the mode while enabled
     go.set()  # ... and runs after disable()

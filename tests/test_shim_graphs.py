@@ -6,6 +6,7 @@ import ctypes
 import pytest
 from conftest import S1, S2
 
+from npu_lifetime import shim
 from npu_lifetime.shim.native import library
 from shim_testing import check_invariants, sim_calls
 
@@ -419,28 +420,39 @@ def test_a_use_on_oom_pool_that_a_capture_allocates_into_lends_nothing(sim_shim)
     check_invariants()
 
 
+def _libc_pool_allocator(on_alloc=None, on_free=None):
+    """A pool allocator on libc's malloc/free (torch.cuda.MemPool(allocator)),
+    calling on_alloc(size) / on_free() first; set on POOL, which is created.
+    Returns the callbacks, to keep alive."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    @SEGMENT_ALLOC
+    def alloc(size, device, stream, ctx):
+        if on_alloc is not None:
+            on_alloc(size)
+        return libc.malloc(size)
+
+    @SEGMENT_FREE
+    def free(ptr, size, device, stream, ctx):
+        if on_free is not None:
+            on_free()
+        libc.free(ptr)
+
+    shim.create_or_incref_pool(0, POOL)
+    library().npl_set_pool_allocator(0, POOL[0], POOL[1], ctypes.cast(alloc, ctypes.c_void_p),
+                                     ctypes.cast(free, ctypes.c_void_p), None)
+    return alloc, free
+
+
 def test_a_released_pools_allocator_frees_only_after_the_work_queued_on_its_segment(sim_shim):
     """(issue 37) Freeing a released pool's last block returned its segment
     from inside npl_free, to the pool allocator's free, while a kernel was
     still queued on it.  Now the segment goes at empty_cache, after its
     stream ran to its end."""
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
     queued_at_free = []
-
-    @SEGMENT_ALLOC
-    def alloc(size, device, stream, ctx):
-        return libc.malloc(size)
-
-    @SEGMENT_FREE
-    def free(ptr, size, device, stream, ctx):
-        queued_at_free.append(sim_shim.sim.incomplete_events())
-        libc.free(ptr)
-
-    sim_shim.create_or_incref_pool(0, POOL)
-    library().npl_set_pool_allocator(0, POOL[0], POOL[1], ctypes.cast(alloc, ctypes.c_void_p),
-                                     ctypes.cast(free, ctypes.c_void_p), None)
+    keep = _libc_pool_allocator(on_free=lambda: queued_at_free.append(sim_shim.sim.incomplete_events()))
     sim_shim.begin_allocate_to_pool(0, POOL, 0)
     p = sim_shim.alloc(1 << 20, 0, S1)
     sim_shim.end_allocate_to_pool(0, POOL)
@@ -454,30 +466,16 @@ def test_a_released_pools_allocator_frees_only_after_the_work_queued_on_its_segm
     sim_shim.empty_cache()
     assert queued_at_free == [0]  # the allocator's free ran after the queued kernel
     check_invariants()
+    del keep
 
 
 def test_the_memory_fraction_applies_to_a_pool_allocators_segments(sim_shim):
     """(issue 37) A MemPool allocator's segments skipped the fraction check;
     torch applies it first."""
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
     asked = []
-
-    @SEGMENT_ALLOC
-    def alloc(size, device, stream, ctx):
-        asked.append(size)
-        return libc.malloc(size)
-
-    @SEGMENT_FREE
-    def free(ptr, size, device, stream, ctx):
-        libc.free(ptr)
-
     sim_shim.sim.set_memory_limit(1000 << 20)
     sim_shim.set_memory_fraction(0.1, 0)  # 100 MiB
-    sim_shim.create_or_incref_pool(0, POOL)
-    library().npl_set_pool_allocator(0, POOL[0], POOL[1], ctypes.cast(alloc, ctypes.c_void_p),
-                                     ctypes.cast(free, ctypes.c_void_p), None)
+    keep = _libc_pool_allocator(on_alloc=asked.append)
     sim_shim.begin_allocate_to_pool(0, POOL, 0)
     a = sim_shim.alloc(60 << 20, 0, S1)
     b = sim_shim.alloc(60 << 20, 0, S1)  # 120 MiB reserved would pass the fraction
@@ -490,3 +488,4 @@ def test_the_memory_fraction_applies_to_a_pool_allocators_segments(sim_shim):
     sim_shim.release_pool(0, POOL)
     sim_shim.empty_cache()
     sim_shim.set_memory_fraction(1.0, 0)
+    del keep

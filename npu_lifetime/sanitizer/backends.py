@@ -365,9 +365,8 @@ class SimBackend(Backend):
 
     def _connect(self) -> None:
         simdevice.add_listener(_SimListener(self.hub))
-        _patch_storage_resize(self.hub)
+        _patch_storage_moves(self.hub)
         _patch_read_backs(self.hub)
-        _patch_share_memory(self.hub)
         simdevice.autograd_streams()
 
     def current_device(self) -> int:
@@ -406,29 +405,40 @@ class SimBackend(Backend):
         return "sim default stream" if handle == 0 else f"sim stream {handle}"
 
 
-def _patch_storage_resize(hub: Hub) -> None:
-    """``untyped_storage().resize_(n)`` on host memory moves the storage to a
-    new block (the old one is freed: FSDP frees parameters this way with
-    ``resize_(0)``); nothing in the dispatcher sees it, so it is wrapped
-    (once per process) and reported as ``on_storage_resized``."""
-    if getattr(torch.UntypedStorage.resize_, "_npu_lifetime", False):
-        return
-    original = torch.UntypedStorage.resize_
+def _patch_storage_moves(hub: Hub) -> None:
+    """Host-memory storage calls that move a storage to a new block, outside
+    the dispatcher, wrapped once per process and reported as
+    ``on_storage_resized`` (the old block freed, the new one allocated),
+    after ``on_storage_read`` when the old bytes are copied over:
 
-    def resize_(storage, size):
+    - ``untyped_storage().resize_(n)`` (FSDP frees parameters with
+      ``resize_(0)``): copies when it grows;
+    - ``share_memory_()``: copies into shared memory, unless already shared.
+    """
+    _wrap_move(hub, "resize_", lambda storage, size, *a, **k: size > storage.nbytes())
+    _wrap_move(hub, "share_memory_", lambda storage, *a, **k: not storage.is_shared())
+
+
+def _wrap_move(hub: Hub, name: str, copies) -> None:
+    original = getattr(torch.UntypedStorage, name)
+    if getattr(original, "_npu_lifetime", False):
+        return
+
+    def moving(storage, *args, **kwargs):
         if not hub.sinks or storage.device.type != "cpu":
-            return original(storage, size)
-        before, nbytes = storage.data_ptr(), storage.nbytes()
-        if before and size > nbytes:
+            return original(storage, *args, **kwargs)
+        before = storage.data_ptr()
+        if before and copies(storage, *args, **kwargs):
             hub.event("on_storage_read", storage, before)  # the old bytes are copied to the new block
-        out = original(storage, size)
+        out = original(storage, *args, **kwargs)
         after = storage.data_ptr()
         if after != before:
             hub.event("on_storage_resized", storage, before, after, bool(before and after))
         return out
 
-    resize_._npu_lifetime = True
-    torch.UntypedStorage.resize_ = resize_
+    moving._npu_lifetime = True
+    moving.__name__ = name
+    setattr(torch.UntypedStorage, name, moving)
 
 
 def _always(tensor, *args, **kwargs) -> bool:
@@ -470,31 +480,6 @@ def _patch_read_backs(hub: Hub) -> None:
         read_back.__name__ = name
         read_back.__doc__ = original.__doc__
         setattr(torch.Tensor, name, read_back)
-
-
-def _patch_share_memory(hub: Hub) -> None:
-    """``share_memory_()`` moves a host storage to shared memory: its bytes
-    are copied (a read of the old block, then a write of the new one) and
-    the old block is freed, outside the dispatcher; reported as a storage
-    move, like a growing ``resize_``.  Wrapped once per process."""
-    original = torch.UntypedStorage.share_memory_
-    if getattr(original, "_npu_lifetime", False):
-        return
-
-    def share_memory_(storage, *args, **kwargs):
-        if not hub.sinks or storage.device.type != "cpu":
-            return original(storage, *args, **kwargs)
-        before = storage.data_ptr()
-        if before and not storage.is_shared():
-            hub.event("on_storage_read", storage, before)
-        out = original(storage, *args, **kwargs)
-        after = storage.data_ptr()
-        if after != before:
-            hub.event("on_storage_resized", storage, before, after, bool(before and after))
-        return out
-
-    share_memory_._npu_lifetime = True
-    torch.UntypedStorage.share_memory_ = share_memory_
 
 
 class _SimListener:
