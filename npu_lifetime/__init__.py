@@ -56,3 +56,16 @@ def erase_stream(tensor, stream) -> None:
     from .recording import erase_stream as _erase_stream
 
     _erase_stream(tensor, stream)
+
+
+def _process_sanitizer_from_environment() -> None:
+    """``NPU_LIFETIME_SANITIZER`` checks a program that imports only
+    ``npu_lifetime`` (most do, for ``record_use``): the sanitizer package,
+    whose import starts the process-wide sanitizer, is imported with it."""
+    import os
+
+    if os.environ.get("NPU_LIFETIME_SANITIZER", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        from . import sanitizer  # noqa: F401
+
+
+_process_sanitizer_from_environment()

@@ -93,13 +93,20 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from .sanitizer.runner import EXIT_USAGE, CheckError, check_json_path, check_script
 
+    from .flags import env_flag
+
     try:
         check_json_path(args.json)
+        allow_latent = args.allow_latent or env_flag("NPU_LIFETIME_ALLOW_LATENT")
+    except (CheckError, ValueError) as err:
+        print(f"npu-lifetime check: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         _note_options_for_the_script(args)
         result = check_script(
             args.script, args.args, device=args.device, shim=args.shim, policy=args.policy,
             live=not args.no_live, on_race=args.on_race, strict=args.strict,
-            allow_latent=args.allow_latent, suppressions=args.suppressions,
+            allow_latent=allow_latent, suppressions=args.suppressions,
             on_os_exit=lambda result: _report_check(result, args.json),
         )
     except CheckError as err:
@@ -452,7 +459,7 @@ def _parser() -> argparse.ArgumentParser:
                         "$NPU_LIFETIME_SUPPRESSIONS; see the README)")
     p.add_argument("--allow-latent", action="store_true",
                    help="let latent uncovered frees pass (no reuse raced with them in this run); a free only the "
-                        "shim's hold kept safe still fails")
+                        "shim's hold kept safe still fails (also NPU_LIFETIME_ALLOW_LATENT=1)")
     p.add_argument("--strict", action="store_true",
                    help="also fail on uses of storages still alive at the end that a free now would leave "
                         "uncovered")

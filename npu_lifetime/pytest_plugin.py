@@ -38,6 +38,8 @@ import gc
 
 import pytest
 
+from npu_lifetime.flags import env_flag, flag
+
 _KEY = "_npu_lifetime_sanitizer"
 OPTIONS = ("device", "live", "strict", "allow_latent", "suppressions")
 _current: list = []  # the sanitizer of the test (or hypothesis example) running now
@@ -71,7 +73,11 @@ def _options(item) -> dict:
     if unknown:
         raise ValueError(f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                          f"known: {', '.join(OPTIONS)}")
-    return dict(marker.kwargs)
+    options = dict(marker.kwargs)
+    for name in ("live", "strict", "allow_latent"):  # booleans are booleans: "no" would be truthy
+        if name in options:
+            flag(options[name], name)
+    return options
 
 
 def _resolve(item) -> tuple:
@@ -86,7 +92,8 @@ def _resolve(item) -> tuple:
         device = resolve_device(options.get("device", "auto"))
         backend = backend_for(device)
         suppressions = Suppressions.load(options.get("suppressions") or _env_suppressions())
-    except (ValueError, SuppressionsError) as err:
+        env_flag("NPU_LIFETIME_ALLOW_LATENT")
+    except (ValueError, TypeError, SuppressionsError) as err:
         pytest.fail(f"@pytest.mark.lifetime_sanitizer: {err}", pytrace=False)
     try:
         backend.check_available()
@@ -106,8 +113,9 @@ def _new_sanitizer(item):
 
     options, device, suppressions = getattr(item, _KEY)
     return LifetimeSanitizer(device, on_race="collect", warn_on_free=False,
-                             strict=bool(options.get("strict", False)),
-                             allow_latent=bool(options.get("allow_latent", False)), suppressions=suppressions)
+                             strict=options.get("strict", False),
+                             allow_latent=options.get("allow_latent", env_flag("NPU_LIFETIME_ALLOW_LATENT")),
+                             suppressions=suppressions)
 
 
 class _Handle:

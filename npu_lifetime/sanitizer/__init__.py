@@ -58,20 +58,32 @@ def process_sanitizer() -> Optional[LifetimeSanitizer]:
 
 
 def _enable_from_environment() -> None:
-    """``NPU_LIFETIME_SANITIZER=1|cuda|npu|sim``: a process-wide sanitizer.
+    """``NPU_LIFETIME_SANITIZER=1|auto|cuda|npu|sim``: a process-wide sanitizer
+    (1 and auto: the device present, else the simulated one); a device this
+    machine lacks is one line on stderr and exit status 2.
     Races raise at the access (``DataRaceError``); at exit every finding is
     reported on stderr and, if any fails the check (every race and uncovered
     free unless silenced by ``NPU_LIFETIME_SUPPRESSIONS=FILE`` or
     ``NPU_LIFETIME_ALLOW_LATENT=1``), the process exits with status
     ``NPU_LIFETIME_EXITCODE`` (default 1; 0 only reports)."""
-    value = os.environ.get("NPU_LIFETIME_SANITIZER", "").strip().lower()
-    if value in ("", "0", "false", "off"):
-        return
+    import sys
+
+    from ..flags import env_flag
+    from .runner import resolve_device
     from .suppressions import from_environment
 
-    allow_latent = os.environ.get("NPU_LIFETIME_ALLOW_LATENT", "").strip().lower() in ("1", "true", "on", "yes")
-    enable_lifetime_sanitizer("cuda" if value in ("1", "true", "on") else value,
-                              allow_latent=allow_latent, suppressions=from_environment())
+    value = os.environ.get("NPU_LIFETIME_SANITIZER", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return
+    try:
+        # 1 (or auto, true, yes, on): the device present, as `check --device auto` picks it
+        device = resolve_device("auto" if value in ("1", "auto", "true", "yes", "on") else value)
+        enable_lifetime_sanitizer(device, allow_latent=env_flag("NPU_LIFETIME_ALLOW_LATENT"),
+                                  suppressions=from_environment())
+    except (DeviceUnavailable, ValueError) as err:  # one line and the usage status, not a traceback
+        print(f"npu_lifetime: NPU_LIFETIME_SANITIZER={os.environ['NPU_LIFETIME_SANITIZER']}: {err}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(2)
     import atexit
 
     atexit.register(_report_at_exit)

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from .. import storage_holders
+from ..flags import flag
 from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
 from . import accesses, arguments, dispatch, forks, native, report, sites, threads
@@ -131,6 +132,8 @@ class LifetimeSanitizer:
         allow_latent: bool = False,
         suppressions=None,
     ) -> None:
+        warn_on_free, strict, allow_latent = (flag(warn_on_free, "warn_on_free"), flag(strict, "strict"),
+                                              flag(allow_latent, "allow_latent"))
         if on_race not in ON_RACE:
             raise ValueError(f"on_race must be one of {ON_RACE}, not {on_race!r}")
         depth = "stack_depth must be an int >= 0 (user frames kept per site; 0: none)"

@@ -84,10 +84,7 @@ def count(value, name: str) -> int:
     return value
 
 
-def flag(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
-    return value
+from ..flags import flag  # noqa: E402,F401  (one rule for booleans across the package)
 
 
 def fraction(value) -> float:
