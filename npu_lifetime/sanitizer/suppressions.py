@@ -86,10 +86,12 @@ class Suppressions:
         if not path:
             return cls()
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as err:
             raise SuppressionsError(f"cannot read the suppressions file {path}: {err.strerror or err}") from None
+        except UnicodeDecodeError as err:
+            raise SuppressionsError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
         return cls.parse(text, path)
 
     def match(self, finding, kinds: tuple) -> Optional[Rule]:

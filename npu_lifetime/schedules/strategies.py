@@ -332,21 +332,29 @@ def raw_steps(max_steps: int = 30, min_steps: int = 0):
     return st.lists(step, min_size=min_steps, max_size=max_steps).map(b"".join)
 
 
-@st.composite
-def schedules(
-    draw,
-    max_streams: int = 3,
-    max_events: int = 2,
-    max_steps: int = 30,
-    blocks: int = 3,
-    misuse: bool = False,
-    max_devices: int = 2,
-) -> Schedule:
-    """Random valid schedules of at most ``max_steps`` steps over 1 to
-    ``max_streams`` streams on 1 to ``max_devices`` devices, 0 to
+def schedules(max_streams: int = 3, max_events: int = 2, max_steps: int = 30, blocks: int = 3,
+              misuse: bool = False, max_devices: int = 2):
+    """The strategy for random valid schedules of at most ``max_steps`` steps
+    over 1 to ``max_streams`` streams on 1 to ``max_devices`` devices, 0 to
     ``max_events`` events and ``blocks`` blocks of reusable memory.  With
     ``misuse``, they may also free a storage twice, use a freed one, or wait
-    on an event never recorded."""
+    on an event never recorded.  Bad arguments are refused here, naming the
+    argument, not when the first example is drawn."""
+    for name, value, least in (("max_streams", max_streams, 1), ("max_events", max_events, 0),
+                               ("max_steps", max_steps, 0), ("blocks", blocks, 1),
+                               ("max_devices", max_devices, 1)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"schedules(): {name} must be an int >= {least}, not {type(value).__name__} {value!r}")
+        if value < least:
+            raise ValueError(f"schedules(): {name} must be an int >= {least}, not {value}")
+    if not isinstance(misuse, bool):
+        raise TypeError(f"schedules(): misuse must be True or False, not {type(misuse).__name__} {misuse!r}")
+    return _schedules(max_streams, max_events, max_steps, blocks, misuse, max_devices)
+
+
+@st.composite
+def _schedules(draw, max_streams: int, max_events: int, max_steps: int, blocks: int, misuse: bool,
+               max_devices: int) -> Schedule:
     streams = draw(st.integers(1, max_streams))
     events = draw(st.integers(0, max_events))
     devices = draw(st.integers(1, max(1, min(max_devices, streams))))
