@@ -17,7 +17,7 @@ EXIT_CODES = """exit codes (every command):
   2  bad input: an unknown option or value, a missing or unwritable file, a device this machine lacks
      (nothing was run)
   3  the script (check, snapshot) or the benchmark (bench) failed: it raised or exited non-zero;
-     how it ended is printed last"""
+     how it ended is printed last.  It wins over 1: the script's findings are still reported and counted"""
 
 
 class Progress:

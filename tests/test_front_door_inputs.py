@@ -49,3 +49,18 @@ def test_a_non_utf8_suppressions_file_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "not UTF-8" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_script_that_raises_after_a_finding_exits_3_with_its_findings_reported(tmp_path):
+    """(issue 38, item 7) It exited 1, so a usage error read in a CI log as a lifetime bug."""
+    script = tmp_path / "raises.py"
+    script.write_text(
+        "import gc, torch\nfrom npu_lifetime import simdevice as sd\n"
+        "side = sd.Stream()\nx = torch.ones(64)\nside.wait_stream(sd.default_stream())\n"
+        "with sd.stream(side):\n    y = x * 2\ndel x\ngc.collect()\n"
+        "raise RuntimeError('a usage error after the finding')\n")
+    done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "check", "--device", "sim", str(script)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "uncovered free" in done.stdout and "1 fail the check" in done.stdout
+    assert "a usage error after the finding" in done.stderr

@@ -45,9 +45,11 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        if self.failing:
-            return EXIT_FINDINGS
-        return EXIT_SCRIPT_FAILED if self.script_failed else EXIT_CLEAN
+        """By precedence: the script failed (3: a usage error in it must not read as a lifetime
+        bug; its findings are still reported and counted), then a failing finding (1), else 0."""
+        if self.script_failed:
+            return EXIT_SCRIPT_FAILED
+        return EXIT_FINDINGS if self.failing else EXIT_CLEAN
 
 
 def check_script(
