@@ -80,3 +80,35 @@ def test_a_module_level_name_is_in_scope_in_the_modules_functions():
     assert not naming.in_scope(_Site(make.__code__), _Site(step.__code__))
     assert naming.in_scope(_Site(step.__code__), _Site(step.__code__))
     assert naming.in_scope(_Site(other_file), None)  # no paste site known: the name stays
+
+
+def test_a_fix_that_calls_npu_lifetime_says_to_import_it_where_the_script_does_not(tmp_path):
+    """(issue 38, item 6) npu_lifetime.record_use(x, side) was suggested to a
+    script that never imported npu_lifetime: a NameError when pasted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "no_import.py"
+    script.write_text("import gc, torch\nfrom npu_lifetime import simdevice as sd\nside = sd.Stream()\n"
+                      "x = torch.ones(64)\nside.wait_stream(sd.default_stream())\nwith sd.stream(side):\n"
+                      "    y = x * 2\ndel x\ngc.collect()\n")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "check", "--device", "sim", str(script)],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    assert "npu_lifetime.record_use(x, side)" in done.stdout
+    assert "(add `import npu_lifetime` at the top of no_import.py: the fix calls it)" in done.stdout
+    script.write_text("import npu_lifetime\n" + script.read_text())
+    done = subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "check", "--device", "sim", str(script)],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    assert "npu_lifetime.record_use(x, side)" in done.stdout and "add `import npu_lifetime`" not in done.stdout
+
+
+def test_a_free_no_user_frame_made_says_where_to_put_the_fix():
+    from npu_lifetime.sanitizer import report
+
+    class NoFrames:
+        def user_frames(self):
+            return []
+
+    assert "before the end of the script" in report._free_place(NoFrames())

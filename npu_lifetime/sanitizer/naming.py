@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import functools
 import linecache
+import re
 from typing import Optional
 
 def _site_line(site) -> Optional[tuple]:
@@ -156,6 +157,19 @@ def where_in(site) -> str:
     """``file:line in function`` of ``site``'s innermost user frame."""
     code = _code(site)
     return f"{where(site)} in {code.co_name}" if code is not None else where(site)
+
+
+_IMPORTS_PACKAGE = re.compile(r"^\s*import\s+npu_lifetime\b(?!\S*\s+as\b)", re.M)
+
+
+def imports_npu_lifetime(site) -> bool:
+    """Whether the file of ``site``'s innermost user frame binds the name
+    ``npu_lifetime`` (``import npu_lifetime``); True where it can't be read."""
+    found = _site_line(site)
+    if found is None:
+        return True
+    source = "".join(linecache.getlines(found[0]))
+    return not source or bool(_IMPORTS_PACKAGE.search(source))
 
 
 def where(site) -> str:

@@ -107,7 +107,26 @@ def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
     for tensor, known in dict.fromkeys(((t_use, known_use), (t_free, known_free))):
         if not known:
             lines.append(f"    ({tensor}: {name.tensor_prose(f.alloc_site)})")
-    return lines + _placeholder_note(name, u_use, u_free, a)
+    return lines + _placeholder_note(name, u_use, u_free, a) + _import_note(lines, use.site)
+
+
+def _free_place(site) -> str:
+    """Where a fix "before the free" goes, in words a user can act on: the
+    free's line, or, for a free no user frame made (the interpreter's
+    teardown, a library's thread), the end of the program."""
+    frames = site.user_frames() if site is not None and hasattr(site, "user_frames") else []
+    if frames:
+        return naming.where(site)
+    return "it was freed when the program ended, by the interpreter: put the fix before the end of the script"
+
+
+def _import_note(lines: list, site) -> list:
+    """A fix that calls ``npu_lifetime.`` pasted into a file that never
+    imported it would be a NameError: the note says to import it."""
+    if any("npu_lifetime." in line for line in lines) and not naming.imports_npu_lifetime(site):
+        where = naming.where(site).rsplit(":", 1)[0]
+        return [f"    (add `import npu_lifetime` at the top of {where}: the fix calls it)"]
+    return []
 
 
 def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
@@ -132,7 +151,7 @@ def _uncovered_free(f: UncoveredFree, name: Namer, info: GroupInfo) -> list:
     if not info.actual:
         for reason, n in info.reasons:
             lines.append(f"  why latent:    {reason}" + (f" ({n} of the frees)" if info.count > 1 else ""))
-    at_free = "" if f.live else f" ({naming.where(f.free_site)})"
+    at_free = "" if f.live else f" ({_free_place(f.free_site)})"
     lines += _free_fix(f, name, at_free)
     return lines
 
@@ -152,7 +171,7 @@ def _race_fix(f: DataRace, name) -> list:
     lines = [f"  fix: {where}:  {waiter}.wait_stream({waitee})",
              f"    (or an event recorded on {waitee} after the {prior.verb} and waited on by {waiter}; "
              "record_stream/record_use do not order accesses)"]
-    return lines + _placeholder_note(name, waiter, waitee)
+    return lines + _placeholder_note(name, waiter, waitee) + _import_note(lines, acc.site)
 
 
 def _race(f: DataRace, name: Namer, info: GroupInfo) -> list:
