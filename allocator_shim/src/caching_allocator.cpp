@@ -711,8 +711,8 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
         report_bad_free(ptr, size, device, stream);
         return;
     }
-    bool matches = size == static_cast<ssize_t>(b->requested) && stream == b->stream && device == b->device;
-    if (!matches && stale_free(ptr, size, device, stream, b)) return;
+    FreeKind kind = classify_free(a, b, size, device, stream);
+    if (kind != FreeKind::owner && stale_free(kind, size, stream, b)) return;
     book_.on_free(a, b);
     DeviceStats& s = *b->pool->stats;
     auto n = static_cast<int64_t>(b->size);
@@ -742,47 +742,53 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     finish_free(b);
 }
 
-// Whether free(ptr, size, device, stream) would free a block (the checks of
-// free and stale_free, with no effect): the hooks hear only of such frees.
+// What a free of a live block's address is (`a`: its entry in the book):
+// the owner's own; a stale (double) free, matching the last owner that freed
+// the address, not the live one; one of another size than the live owner's
+// (torch frees with the size it allocated, so it is a stale free of an owner
+// the book no longer remembers, past kMaxFreed frees, or a caller's bug);
+// or one of the right size on another stream or device.  The first and the
+// last free the block; the others never do (freeing would hand the live
+// owner's memory out twice).  free, stale_free and would_free all ask here.
+NPL_HOT CachingAllocator::FreeKind CachingAllocator::classify_free(const Address* a, const Block* b, ssize_t size,
+                                                                  int device, Stream stream) const {
+    bool size_ok = size == static_cast<ssize_t>(b->requested);
+    if (size_ok && stream == b->stream && device == b->device) return FreeKind::owner;
+    if (a->freed && static_cast<ssize_t>(a->freed_size) == size && a->freed_stream == stream) return FreeKind::stale;
+    return size_ok ? FreeKind::wrong_stream : FreeKind::wrong_size;
+}
+
+// Whether free(ptr, size, device, stream) would free a block, with no
+// effect: the hooks hear only of such frees.
 bool CachingAllocator::would_free(void* ptr, ssize_t size, int device, Stream stream) {
     std::lock_guard<AllocatorLock> lock(mu_);
     const Address* a = book_.find(ptr);
-    const Block* b = a != nullptr ? a->live : nullptr;
-    if (b == nullptr) return false;
-    if (size != static_cast<ssize_t>(b->requested)) return false;
-    if (stream == b->stream && device == b->device) return true;
-    return !(a->freed && static_cast<ssize_t>(a->freed_size) == size && a->freed_stream == stream);
+    if (a == nullptr || a->live == nullptr) return false;
+    FreeKind kind = classify_free(a, a->live, size, device, stream);
+    return kind == FreeKind::owner || kind == FreeKind::wrong_stream;
 }
 
-// A free that does not match the live owner but does match the last owner
-// that freed this address is a stale (double) free: reported, not executed,
-// so the new owner keeps its memory.  So is a free of another size than the
-// live owner's: torch frees with the size it allocated, so it is a stale free
-// of an owner the book no longer remembers (past kMaxFreed frees) or a
-// caller's bug, and freeing would hand the live owner's memory out twice.
-// A free of the right size on another stream or device is reported and the
-// block is freed.
-bool CachingAllocator::stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b) {
-    bool size_ok = size == static_cast<ssize_t>(b->requested);
-    (void)device;
-    const Address* a = book_.find(ptr);
+// Reports a free that is not the live owner's own (classify_free's `kind`);
+// true when the block is not to be freed.
+bool CachingAllocator::stale_free(FreeKind kind, ssize_t size, Stream stream, Block* b) {
     Finding f = about(b, "", "free");
     f.size = size;
     f.expected_size = static_cast<int64_t>(b->requested);
     f.stream = stream;
-    if (a != nullptr && a->freed && static_cast<ssize_t>(a->freed_size) == size && a->freed_stream == stream) {
+    if (kind == FreeKind::stale) {
         f.kind = "double_free";
         f.detail = "a stale free: the address was freed before and now belongs to a new owner "
                    "(generation " + std::to_string(b->generation) + "); the new owner's block was not freed";
-        report(std::move(f));
-        return true;
+    } else if (kind == FreeKind::wrong_size) {
+        f.kind = "size_mismatch";
+        f.detail = "freed with another size than its live owner was allocated with: not freed, the owner "
+                   "keeps its memory (a stale free of an earlier owner no longer remembered reads the same)";
+    } else {
+        f.kind = "stream_mismatch";
+        f.detail = "freed with another stream or device than it was allocated on; freed anyway";
     }
-    f.kind = size_ok ? "stream_mismatch" : "size_mismatch";
-    f.detail = size_ok ? "freed with another stream or device than it was allocated on; freed anyway"
-                       : "freed with another size than its live owner was allocated with: not freed, the owner "
-                         "keeps its memory (a stale free of an earlier owner no longer remembered reads the same)";
     report(std::move(f));
-    return !size_ok;
+    return kind != FreeKind::wrong_stream;
 }
 
 void CachingAllocator::report_bad_free(void* ptr, ssize_t size, int device, Stream stream) {

@@ -196,7 +196,9 @@ class CachingAllocator {
     void end_joins(int device, PoolId id);
 
     // free
-    bool stale_free(void* ptr, ssize_t size, int device, Stream stream, Block* b);
+    enum class FreeKind { owner, stale, wrong_size, wrong_stream };
+    FreeKind classify_free(const Address* a, const Block* b, ssize_t size, int device, Stream stream) const;
+    bool stale_free(FreeKind kind, ssize_t size, Stream stream, Block* b);
     void report_bad_free(void* ptr, ssize_t size, int device, Stream stream);
     bool needs_capture_deferral(const Block* b);
     void finish_free(Block* b);
