@@ -59,6 +59,13 @@ def holders(t: torch.Tensor) -> tuple:
     return tuple(found)
 
 
+def other_holders(t: torch.Tensor) -> tuple:
+    """``holders(t)`` without ``t`` itself: ``()`` for a plain tensor (its own
+    holder) as for one with no memory to find."""
+    found = holders(t)
+    return () if len(found) == 1 and found[0] is t else found
+
+
 def _parts(t: torch.Tensor) -> Optional[tuple]:
     """The tensors one level down, or None for a tensor that is its own holder."""
     layout = t.layout

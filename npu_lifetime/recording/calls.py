@@ -145,8 +145,8 @@ def _record_use_checked(tensor, stream) -> None:
         _record_use_traced(tensor, stream)
         return
     _check_tensor("record_use", tensor)
-    held = storage_holders.holders(tensor)
-    if held and not (len(held) == 1 and held[0] is tensor):  # sparse, nested, functorch-wrapped: the tensors that hold its memory
+    held = storage_holders.other_holders(tensor)  # sparse, nested, functorch-wrapped: the tensors holding its memory
+    if held:
         for part in held:
             _record_use_checked(part, stream)
         return

@@ -302,9 +302,7 @@ def _holders(t: torch.Tensor) -> tuple:
     """The tensors holding the memory of ``t``, a tensor without a storage of
     its own or with one that shows no memory (``storage_holders``), never
     ``t`` itself; a kind with none is counted in ``UNCHECKED``."""
-    found = storage_holders.holders(t)
-    if len(found) == 1 and found[0] is t:  # a storage with no memory of its own (a wrapper subclass's)
-        found = ()
+    found = storage_holders.other_holders(t)  # () for a storage that shows no memory (a wrapper subclass's)
     if not found:
         kind = storage_holders.unchecked_kind(t)
         if kind is not None:
