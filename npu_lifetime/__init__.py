@@ -62,9 +62,9 @@ def _process_sanitizer_from_environment() -> None:
     """``NPU_LIFETIME_SANITIZER`` checks a program that imports only
     ``npu_lifetime`` (most do, for ``record_use``): the sanitizer package,
     whose import starts the process-wide sanitizer, is imported with it."""
-    import os
+    from .flags import env_choice
 
-    if os.environ.get("NPU_LIFETIME_SANITIZER", "").strip().lower() not in ("", "0", "false", "no", "off"):
+    if env_choice("NPU_LIFETIME_SANITIZER"):
         from . import sanitizer  # noqa: F401
 
 

@@ -28,3 +28,10 @@ def env_flag(variable: str) -> bool:
     if value in _FALSE:
         return False
     raise ValueError(f"{variable} must be 1 or 0 (true/false, yes/no, on/off), not {os.environ[variable]!r}")
+
+
+def env_choice(variable: str) -> str:
+    """A variable that is a switch or a choice (``NPU_LIFETIME_SANITIZER=sim``):
+    its value, lower-cased, or ``""`` when unset or switched off (0/false/no/off)."""
+    value = os.environ.get(variable, "").strip().lower()
+    return "" if value in _FALSE else value

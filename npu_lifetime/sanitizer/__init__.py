@@ -68,12 +68,12 @@ def _enable_from_environment() -> None:
     ``NPU_LIFETIME_EXITCODE`` (default 1; 0 only reports)."""
     import sys
 
-    from ..flags import env_flag
+    from ..flags import env_choice, env_flag
     from .runner import resolve_device
     from .suppressions import from_environment
 
-    value = os.environ.get("NPU_LIFETIME_SANITIZER", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    value = env_choice("NPU_LIFETIME_SANITIZER")
+    if not value:
         return
     try:
         # 1 (or auto, true, yes, on): the device present, as `check --device auto` picks it
