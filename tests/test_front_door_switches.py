@@ -16,11 +16,7 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 ROOT = Path(__file__).resolve().parent.parent
 
 # a real bug: a forgotten hand-off (the free on the default stream while side's read may be queued)
-BUGGY = textwrap.dedent("""
-    import gc
-    import torch
-    import npu_lifetime
-    from npu_lifetime import simdevice as sd
+HAND_OFF = textwrap.dedent("""
     side = sd.Stream()
     x = torch.ones(64)
     side.wait_stream(sd.default_stream())
@@ -28,8 +24,9 @@ BUGGY = textwrap.dedent("""
         y = x * 2
     del x
     gc.collect()
-    print("ran")
 """)
+IMPORTS = "import gc\nimport torch\nfrom npu_lifetime import simdevice as sd\n"
+BUGGY = IMPORTS + "import npu_lifetime\n" + HAND_OFF + 'print("ran")\n'
 
 
 @pytest.mark.parametrize("name", ["allow_latent", "strict", "warn_on_free"])
@@ -105,22 +102,8 @@ def test_check_honours_NPU_LIFETIME_ALLOW_LATENT(tmp_path):
     assert bad.returncode == 2 and "NPU_LIFETIME_ALLOW_LATENT must be 1 or 0" in bad.stderr
 
 
-MARKED = textwrap.dedent("""
-    import gc
-    import pytest
-    import torch
-    from npu_lifetime import simdevice as sd
-
-    @pytest.mark.lifetime_sanitizer(device="sim", {option})
-    def test_forgotten_hand_off():
-        side = sd.Stream()
-        x = torch.ones(64)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            y = x * 2
-        del x
-        gc.collect()
-""")
+MARKED = IMPORTS + "import pytest\n\n\n@pytest.mark.lifetime_sanitizer(device=\"sim\", {option})\n" \
+    "def test_forgotten_hand_off():\n" + textwrap.indent(HAND_OFF.replace("{", "{{").replace("}", "}}"), "    ")
 
 
 @pytest.mark.parametrize("option", ['allow_latent="no"', 'strict="false"', 'live="yes"'])
