@@ -140,3 +140,25 @@ def test_per_thread_host_clocks_keep_their_meaning():
         gc.collect()
         waiter.join()
     assert "uncovered_free" in kinds(san)
+
+
+def test_the_new_checks_see_a_worker_threads_ops_too():
+    """This session's checks from a worker thread: a sparse tensor's race (its
+    holders) and a read-back by .to("cpu") (a patched method, not an op)."""
+    def body():
+        side = sd.Stream()
+        s = torch.randn(4, 4).to_sparse()
+        x = torch.ones(8)
+        with sd.stream(side):
+            s.to_dense()  # reads s's indices and values, written on the default stream: a race
+            x.to("cpu")  # a read-back of x, no wait: a race
+        return s, x
+
+    with sanitizer() as san:
+        worker = threading.Thread(target=body)
+        worker.start()
+        worker.join()
+    found = [f for f in san.flush() if f.kind == "data_race"]
+    ops = {f.access.op for f in found}
+    assert "aten::to_dense" in ops or "aten::_to_dense" in ops, ops
+    assert "Tensor.to" in ops, ops
