@@ -1,0 +1,1 @@
+"""The corpus's cases, one module each (see ../case.py)."""

@@ -1,0 +1,68 @@
+"""NVIDIA/cudnn-frontend#1168 (review, P1 "Keep the per-call SWA workspace alive on the handle's launch stream"): a workspace known to the library only by its raw pointer.
+
+The sliding-window-attention wrapper allocates its workspace on PyTorch's
+ambient stream and passes only the raw pointer to cuDNN, whose handle
+launches on a side stream; the local ``workspace`` reference is released
+as soon as the asynchronous ``execute()`` returns, so the allocator can
+hand the block to the next ambient-stream allocation while cuDNN still
+uses it.  The fix allocates the workspace on the launch stream (caller-
+owned workspace), or records it there.
+
+KNOWN GAP: the sanitizer sees torch's ops only.  A library that reads and
+writes device memory through raw pointers (cuDNN, NCCL called directly, a
+ctypes or custom kernel) makes no access the sanitizer can see, so the
+buggy form passes the check.  compute-sanitizer (on the GPU) sees it.
+design/sanitizer.md ("Known gaps") says what it would take.
+"""
+import torch
+
+from npu_lifetime.corpus.case import Case, main
+
+CASE = Case(
+    name="cudnn_raw_pointer_workspace",
+    threads=("NVIDIA/cudnn-frontend#1168",),
+    summary="workspace made on the ambient stream, used by cuDNN on its handle stream by raw pointer, released",
+    finding="uncovered_free",
+    producer="default stream", consumer="handle_stream", buffer="workspace",
+    devices=("sim", "cuda"),
+    gap="the library touches the workspace by raw pointer: no torch op, so no access the sanitizer sees",
+)
+
+NBYTES = 1 << 20
+
+
+def execute(lib, dev, workspace_ptr, out, handle_stream):
+    """cudnn execute(): writes its workspace, works a while, reads it back."""
+    with dev.module.stream(handle_stream):
+        lib.fill(workspace_ptr, 0x3F, NBYTES, handle_stream)
+        dev.slow()
+        lib.copy(out.data_ptr(), workspace_ptr, NBYTES, handle_stream)
+
+
+def program(dev, form):
+    from npu_lifetime.corpus.device import RawLibrary
+
+    M = dev.module
+    lib = RawLibrary(dev)
+    handle_stream = M.Stream()
+    out = torch.zeros(NBYTES, dtype=torch.uint8, device=dev.type)
+    handle_stream.wait_stream(M.current_stream())
+    if form == "upstream":
+        with M.stream(handle_stream):  # the caller-owned workspace, on the launch stream
+            workspace = torch.empty(NBYTES, dtype=torch.uint8, device=dev.type)
+    else:
+        workspace = torch.empty(NBYTES, dtype=torch.uint8, device=dev.type)  # on the ambient stream
+    execute(lib, dev, workspace.data_ptr(), out, handle_stream)
+    if form == "record_use":
+        import npu_lifetime
+
+        npu_lifetime.record_use(workspace, handle_stream)
+    del workspace  # released when execute() returns
+    scratch = torch.full((NBYTES,), 7, dtype=torch.uint8, device=dev.type)  # the next ambient allocation
+    M.current_stream().wait_stream(handle_stream)
+    del scratch
+    return bool((out == 0x3F).all())
+
+
+if __name__ == "__main__":
+    main(CASE, program)
