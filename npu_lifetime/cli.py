@@ -508,6 +508,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="also run torch's FSDP2 shipped vs migrated (auto: when 2 CUDA GPUs are present)")
     p.set_defaults(run=_handoff)
 
+    p = sub.add_parser("corpus", help="publicly reported cross-stream bugs: the sanitizer's verdict on each "
+                                      "buggy and fixed form, and on a GPU the data and compute-sanitizer's",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"])
+    p.add_argument("--case", action="append", help="only this case (repeatable; default: all)")
+    p.add_argument("--corruption", action="store_true",
+                   help="cuda, npu: also run each form under the shim's debug mode with a slow kernel (a process "
+                        "of its own) and say whether its data came out intact")
+    p.add_argument("--compute-sanitizer", action="store_true",
+                   help="cuda: also run each form under compute-sanitizer's stream-ordered race tracking")
+    p.add_argument("--json", help="also write the table as JSON to this file")
+    p.set_defaults(run=_corpus)
+
     p = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (no NAME: list them)",
                        description="Runs benchmarks/bench_NAME.py with ARGS (npu-lifetime bench NAME --help: its "
                                    "options).", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -515,6 +528,64 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_bench)
     return parser
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    import json
+    import subprocess
+
+    from .corpus import case_modules
+    from .corpus import table as corpus_table
+
+    known = case_modules()
+    unknown = [name for name in args.case or () if name not in known]
+    problem = (f"no case {', '.join(unknown)} (cases: {', '.join(known)})" if unknown else
+               "--corruption runs on cuda or npu" if args.corruption and args.device == "sim" else
+               "--compute-sanitizer runs on cuda" if args.compute_sanitizer and args.device != "cuda" else
+               _device_missing(args.device))
+    if problem:
+        print(f"npu-lifetime corpus: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = Progress(len(args.case or known), "corpus", "cases")
+    rows = corpus_table.build(args.device, args.case, progress=lambda done, total, name: progress(done))
+    progress.close()
+    if args.corruption:
+        command = [sys.executable, "-m", "npu_lifetime.corpus.corruption", "--device", args.device]
+        done = subprocess.run(command + [f"--case={r.case.name}" for r in rows], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"npu-lifetime corpus: the corruption run failed:\n{done.stdout}{done.stderr}", file=sys.stderr)
+            return EXIT_SCRIPT_FAILED
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        for row in rows:
+            row.corruption = seen.get(row.case.name)
+    if args.compute_sanitizer:
+        from .corpus import oracle
+
+        counts, log = oracle.run([r.case.name for r in rows])
+        for row in rows:
+            row.oracle = counts.get(row.case.name)
+        if not counts:
+            print(f"npu-lifetime corpus: compute-sanitizer ran nothing:\n{log[-3000:]}", file=sys.stderr)
+            return EXIT_SCRIPT_FAILED
+    print(corpus_table.render(rows, args.device))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(corpus_table.as_json(rows), out, indent=2)
+    return EXIT_OK if corpus_table.all_as_expected(rows) else EXIT_FINDINGS
+
+
+def _device_missing(device: str) -> str:
+    """Why ``device`` cannot run here, or ''."""
+    if device == "sim":
+        return ""
+    from .sanitizer.runner import resolve_device
+    from .sanitizer.runner import CheckError
+
+    try:
+        resolve_device(device)
+    except CheckError as err:
+        return str(err)
+    return ""
 
 
 def _at_least_one(text: str) -> int:

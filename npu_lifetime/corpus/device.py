@@ -53,6 +53,13 @@ class CorpusDevice:
         self.module.synchronize()
 
 
+def same(t: torch.Tensor, value: float) -> bool:
+    """Every element equals ``value`` (NaN, the debug shim's poison, never
+    does), with kernels every device has (the stand-in CANN runtime has no
+    ``all``)."""
+    return int((t != value).sum()) == 0
+
+
 def _cudart():
     """The CUDA runtime torch loaded, for a library that launches on raw pointers."""
     import ctypes

@@ -21,7 +21,8 @@ from typing import Optional
 from .native import frames as _native_frames  # the walk in C, or None: the Python walk below
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DEMO = os.path.join(_PACKAGE_DIR, "viz", "demo.py")
+# this package's files that stand for the user's program: the built-in demo and the corpus's cases
+_USER_PROGRAMS = (os.path.join(_PACKAGE_DIR, "viz", "demo.py"), os.path.join(_PACKAGE_DIR, "corpus", "cases") + os.sep)
 # code the user's code runs inside: the walk passes through it
 _PASS_THROUGH_PACKAGES = ("torch", "functorch")
 # code that runs the user's: test runners, property testing
@@ -60,7 +61,7 @@ def _classify(filename: str) -> int:
         _INTERNAL = (_PACKAGE_DIR + os.sep, stdlib, *_LIBRARIES)
     if filename.startswith(_RUNNERS) or filename == "<frozen runpy>":
         return _RUNNER
-    if filename == _DEMO:  # the built-in demo stands for the user's program
+    if filename.startswith(_USER_PROGRAMS):
         return _USER
     if filename.startswith(_LIBRARIES) and not filename.endswith(_LIBRARY_NOISE):
         return _LIBRARY

@@ -17,13 +17,14 @@ design/sanitizer.md ("Known gaps") says what it would take.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="cudnn_raw_pointer_workspace",
     threads=("NVIDIA/cudnn-frontend#1168",),
     summary="workspace made on the ambient stream, used by cuDNN on its handle stream by raw pointer, released",
     finding="uncovered_free",
-    producer="default stream", consumer="handle_stream", buffer="workspace",
+    producer="default", consumer="handle_stream", buffer="workspace",
     devices=("sim", "cuda"),
     gap="the library touches the workspace by raw pointer: no torch op, so no access the sanitizer sees",
 )
@@ -61,7 +62,7 @@ def program(dev, form):
     scratch = torch.full((NBYTES,), 7, dtype=torch.uint8, device=dev.type)  # the next ambient allocation
     M.current_stream().wait_stream(handle_stream)
     del scratch
-    return bool((out == 0x3F).all())
+    return same(out, 0x3F)
 
 
 if __name__ == "__main__":

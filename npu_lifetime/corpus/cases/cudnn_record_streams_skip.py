@@ -19,7 +19,7 @@ CASE = Case(
     threads=("NVIDIA/cudnn-frontend#1183", "NVIDIA/cudnn-frontend#1182"),
     summary="staging copy on the (current) launch stream reads x; x released with nothing recorded",
     finding="uncovered_free",
-    producer="default stream", consumer="launch", buffer="x",
+    producer="default", consumer="launch", buffer="x",
 )
 
 N = 1 << 16

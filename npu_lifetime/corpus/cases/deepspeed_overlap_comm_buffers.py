@@ -10,13 +10,14 @@ the queued all-reduce and copy-back are still running.  The fix calls
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="deepspeed_overlap_comm_buffers",
     threads=("deepspeedai/DeepSpeed#7965",),
     summary="grad buffers reduced and copied back on the reduction stream; bucket released unrecorded",
     finding="uncovered_free",
-    producer="default stream", consumer="reduction_stream", buffer="",  # list elements have no name
+    producer="default", consumer="reduction_stream", buffer="",  # list elements have no name
 )
 
 N, BUCKET, STEPS = 1 << 14, 4, 2
@@ -32,7 +33,9 @@ def program(dev, form):
         reduction_stream.wait_stream(compute)
         with M.stream(reduction_stream):
             dev.slow()
-            flat = torch.cat(grads)  # allreduce_bucket: flatten
+            flat = torch.empty(BUCKET * N, device=dev.type)  # allreduce_bucket: flatten the bucket
+            for i, g in enumerate(grads):
+                flat[i * N:(i + 1) * N].copy_(g)
             flat.mul_(2.0)  # the all-reduce (sum over 2 ranks of equal grads)
             for buf, synced in zip(grads, flat.split(N)):
                 buf.copy_(synced)  # copy the reduced values back into the bucket
@@ -48,7 +51,7 @@ def program(dev, form):
         del grads  # the bucket is released
         activations = torch.full((BUCKET * N,), -1.0, device=dev.type)  # the next compute-stream tensors
         compute.wait_stream(reduction_stream)
-        intact = intact and bool((reduced == 2.0 * (step + 1)).all())
+        intact = intact and same(reduced, 2.0 * (step + 1))
         del activations, flat, reduced
     return intact
 

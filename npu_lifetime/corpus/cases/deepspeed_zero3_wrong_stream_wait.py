@@ -10,6 +10,7 @@ read-after-write race, so record_use does not apply.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="deepspeed_zero3_wrong_stream_wait",
@@ -42,7 +43,7 @@ def program(dev, form):
             bucket.copy_(grad)  # __add_grad_to_ipg_bucket
     M.current_stream().wait_stream(reduce_and_partition_stream)
     M.current_stream().wait_stream(backward_stream)
-    return bool((bucket == 3.0).all())
+    return same(bucket, 3.0)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""NVIDIA/Megatron-LM#6187 (and the check of #6441): silent gradient corruption in MFSDP v2 HSDP.
+"""NVIDIA/Megatron-LM#6187 (root cause found in the review of #6137; the check of #6441): silent gradient corruption in MFSDP v2 HSDP.
 
 ``main_grad`` was allocated while ``fully_shard()`` ran on the current
 (default) stream, but during backward it is read by the reduce-scatter on
@@ -13,13 +13,14 @@ record_use the buffer stays where it was and the free waits for the read.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="megatron_main_grad_stream",
     threads=("NVIDIA/Megatron-LM#6187", "NVIDIA/Megatron-LM#6441", "NVIDIA/Megatron-LM#6137"),
     summary="main_grad allocated on the default stream, reduce-scattered on the RS stream, replaced unrecorded",
     finding="uncovered_free",
-    producer="default stream", consumer="reduce_scatter_stream", buffer="main_grad",
+    producer="default", consumer="reduce_scatter_stream", buffer="main_grad",
 )
 
 N, SHARDS, LAYERS = 1 << 16, 4, 3
@@ -49,7 +50,7 @@ def program(dev, form):
         main_grad = None  # redistributed and replaced: the old buffer is dropped
         nxt = torch.full((N,), -1.0, device=dev.type)  # the next layer's gradient, on the default stream
         compute.wait_stream(reduce_scatter_stream)
-        intact = intact and bool((shard == SHARDS * (layer + 1)).all())
+        intact = intact and same(shard, SHARDS * (layer + 1))
         del nxt
     return intact
 

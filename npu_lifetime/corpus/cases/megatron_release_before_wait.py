@@ -13,13 +13,14 @@ release needs no wait at all.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="megatron_release_before_wait",
     threads=("NVIDIA/Megatron-LM#6948", "NVIDIA/Megatron-LM#7062"),
     summary="resize_(0) of a tensor the comm stream still reads, before the compute stream waits for it",
     finding="uncovered_free",
-    producer="default stream", consumer="comm_stream", buffer="hidden",
+    producer="default", consumer="comm_stream", buffer="hidden",
 )
 
 N, MICROBATCHES = 1 << 16, 3
@@ -48,7 +49,7 @@ def program(dev, form):
         if form == "buggy":
             compute.wait_stream(comm_stream)  # too late: the block was handed out before it
         compute.wait_stream(comm_stream)
-        intact = intact and bool((dispatched == value).all())
+        intact = intact and same(dispatched, value)
         del other_chunk
     return intact
 

@@ -8,18 +8,19 @@ buffer while its reduce-scatter (reduce-scatter stream) was still reading
 it.  No memory is freed: the program reuses its own buffer, so this is a
 write-after-read race, and record_use (a lifetime statement) does not
 apply.  The fix waits for the previous reduce-scatter before the buffer is
-written again.
+written again (ported to ROCm/Megatron-LM as #146).
 """
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="megatron_wgrad_double_buffer",
     threads=("NVIDIA/Megatron-LM#5222", "NVIDIA/Megatron-LM#4054", "ROCm/Megatron-LM#146"),
     summary="adjacent layers share one wgrad buffer; the next wgrad overwrites it under the reduce-scatter",
     finding="data_race",
-    producer="default stream", consumer="reduce_scatter_stream", buffer="grad_buffer",
+    producer="default", consumer="reduce_scatter_stream", buffer="grad_buffer",
     forms=("buggy", "upstream"),
     notes={"record_use": "no memory is freed: the program reuses its own buffer (a race, not a lifetime bug)"},
 )
@@ -45,7 +46,7 @@ def program(dev, form):
             rs_done = M.Event()
             rs_done.record()
     compute.wait_stream(reduce_scatter_stream)
-    return all(bool((s == SHARDS * (i + 1)).all()) for i, s in enumerate(shards))
+    return all(same(s, SHARDS * (i + 1)) for i, s in enumerate(shards))
 
 
 if __name__ == "__main__":

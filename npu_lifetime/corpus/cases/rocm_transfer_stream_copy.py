@@ -11,13 +11,14 @@ does not apply.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="rocm_transfer_stream_copy",
     threads=("ROCm/pytorch#3194", "huggingface/diffusers#13502"),
     summary="matmul on the default stream reads a tensor an async copy on the transfer stream is still writing",
     finding="data_race",
-    producer="transfer_stream", consumer="default stream", buffer="weight",
+    producer="transfer_stream", consumer="default", buffer="weight",
     forms=("buggy", "upstream"),
     notes={"record_use": "the destination is never freed while in use: an ordering bug, not a lifetime one"},
 )
@@ -41,7 +42,7 @@ def program(dev, form):
         if form == "upstream":
             default_stream.wait_stream(transfer_stream)
         y = x @ weight
-        intact = intact and bool((y == N * (i + 1)).all())
+        intact = intact and same(y, N * (i + 1))
     return intact
 
 

@@ -10,13 +10,14 @@ records the tensor on the copy stream.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.corpus.device import same
 
 CASE = Case(
     name="torchrec_copy_stream_resize",
     threads=("meta-pytorch/torchrec#4231", "meta-pytorch/torchrec#4034"),
     summary="copy stream copies a tensor to the host; main stream resize_(0)s it with nothing recorded",
     finding="uncovered_free",
-    producer="default stream", consumer="copy_stream", buffer="gpu_tensor",
+    producer="default", consumer="copy_stream", buffer="gpu_tensor",
 )
 
 N = 1 << 16
@@ -42,7 +43,7 @@ def program(dev, form):
     new_tensor = torch.full((N,), -1.0, device=dev.type)  # 4. alloc new tensors: reuses the block?
     copy_stream.synchronize()  # 5. wait & validate
     del new_tensor
-    return bool((cpu_buffer == 2.0).all())
+    return same(cpu_buffer, 2.0)
 
 
 if __name__ == "__main__":
