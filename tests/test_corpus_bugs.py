@@ -81,19 +81,14 @@ def test_corruption_and_oracle_judgement():
     assert row.corruption_ok is False and row.oracle_agrees is False
 
 
-def test_oracle_counts_errors_inside_each_forms_markers():
-    log = "\n".join([
-        "========= COMPUTE-SANITIZER",
-        f"{oracle.BEGIN} case_a buggy",
-        "========= Use-after-free on allocation of size 4,194,304 bytes",
-        "=========     at copy_kernel+0x10",
-        "=========     Saved host backtrace up to driver entry point",
-        f"{oracle.END} case_a buggy",
-        f"{oracle.BEGIN} case_a upstream",
-        f"{oracle.END} case_a upstream",
-        "========= ERROR SUMMARY: 1 error",
-    ])
-    assert oracle.parse(log) == {"case_a": {"buggy": 1, "upstream": 0}}
+def test_oracle_reads_compute_sanitizers_summary():
+    assert oracle.errors("========= Use-after-free on allocation\n========= ERROR SUMMARY: 4 errors\n") == 4
+    assert oracle.errors("========= ERROR SUMMARY: 0 errors\n") == 0
+    assert oracle.errors("========= ERROR SUMMARY: 1 error\n") == 1
+    assert oracle.errors("Traceback (most recent call last): ...") is None  # no summary: not a clean run
+    row = _row(1, ["uncovered_free"])
+    row.oracle = {"buggy": 1, "upstream": None, "record_use": 0}
+    assert row.oracle_agrees is False
 
 
 def _cli(*args):

@@ -6,9 +6,10 @@ use the free is not ordered after is reported as a use-after-free.  It
 tracks lifetimes only: a race between two accesses of live memory (an
 ordering bug) is not its to see.
 
-``python -m npu_lifetime.corpus.oracle`` runs every form once between
-markers; ``run()`` starts that under compute-sanitizer and counts the
-errors it reports inside each form's markers."""
+``python -m npu_lifetime.corpus.oracle --case C --form F`` runs one form;
+``run()`` starts each form in a compute-sanitizer process of its own (a
+reported invalid access leaves the CUDA context unusable, so forms cannot
+share a process), several at a time, and reads each one's error count."""
 from __future__ import annotations
 
 import os
@@ -16,39 +17,41 @@ import re
 import subprocess
 import sys
 
-BEGIN, END = "npu-lifetime-corpus begin", "npu-lifetime-corpus end"
-_ERROR = re.compile(r"^========= (?!ERROR SUMMARY|COMPUTE-SANITIZER|Saved host|Target application|Program hit|\s)"
-                    r"(.+)$")
+_SUMMARY = re.compile(r"^========= ERROR SUMMARY: (\d+) errors?", re.MULTILINE)
 
 
-def command(names=None) -> list:
-    args = [sys.executable, "-m", "npu_lifetime.corpus.oracle"]
-    for name in names or ():
-        args += ["--case", name]
+def command(name: str, form: str) -> list:
     return ["compute-sanitizer", "--tool", "memcheck", "--track-stream-ordered-races", "all",
-            "--print-limit", "1000", *args]
+            "--print-limit", "100", sys.executable, "-m", "npu_lifetime.corpus.oracle", "--case", name, "--form", form]
 
 
-def run(names=None, timeout: float = 900) -> tuple:
-    """(case -> form -> errors, the whole log)."""
+def run(forms: list, timeout: float = 600, parallel: int = 6) -> tuple:
+    """``forms``: (case, form) pairs.  Returns (case -> form -> errors, or
+    None where compute-sanitizer gave no summary; case -> form -> log)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
-    done = subprocess.run(command(names), env=env, capture_output=True, text=True, timeout=timeout)
-    log = done.stdout + done.stderr
-    return parse(log), log
 
+    def one(pair):
+        try:
+            done = subprocess.run(command(*pair), env=env, capture_output=True, text=True, timeout=timeout)
+            return pair, done.stdout + done.stderr
+        except subprocess.TimeoutExpired:
+            return pair, f"compute-sanitizer did not finish in {timeout:.0f} s"
 
-def parse(log: str) -> dict:
     counts: dict = {}
-    current = None
-    for line in log.splitlines():
-        if line.startswith(BEGIN):
-            name, form = line[len(BEGIN):].split()
-            current = counts.setdefault(name, {}).setdefault(form, [])
-        elif line.startswith(END):
-            current = None
-        elif current is not None and _ERROR.match(line):
-            current.append(_ERROR.match(line).group(1))
-    return {name: {form: len(errors) for form, errors in forms.items()} for name, forms in counts.items()}
+    logs: dict = {}
+    with ThreadPoolExecutor(parallel) as pool:
+        for (name, form), log in pool.map(one, forms):
+            counts.setdefault(name, {})[form] = errors(log)
+            logs.setdefault(name, {})[form] = log
+    return counts, logs
+
+
+def errors(log: str):
+    """The error count compute-sanitizer's summary gives, or None without one."""
+    found = _SUMMARY.search(log)
+    return int(found.group(1)) if found else None
 
 
 def _settle() -> None:
@@ -69,23 +72,15 @@ def _settle() -> None:
 def main() -> None:
     import argparse
 
-    import torch
-
     from . import case_modules
     from .device import CorpusDevice
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", action="append")
+    parser.add_argument("--case", required=True, choices=list(case_modules()))
+    parser.add_argument("--form", required=True)
     args = parser.parse_args()
-    dev = CorpusDevice("cuda")
-    for name, module in case_modules().items():
-        if (args.case and name not in args.case) or "cuda" not in module.CASE.devices:
-            continue
-        for form in module.CASE.forms:
-            print(f"{BEGIN} {name} {form}", flush=True)
-            module.program(dev, form)
-            _settle()
-            print(f"{END} {name} {form}", flush=True)
+    case_modules()[args.case].program(CorpusDevice("cuda"), args.form)
+    _settle()
 
 
 if __name__ == "__main__":
