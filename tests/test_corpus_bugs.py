@@ -86,6 +86,13 @@ def test_oracle_reads_compute_sanitizers_summary():
     assert oracle.errors("========= ERROR SUMMARY: 0 errors\n") == 0
     assert oracle.errors("========= ERROR SUMMARY: 1 error\n") == 1
     assert oracle.errors("Traceback (most recent call last): ...") is None  # no summary: not a clean run
+    race = table.Row(CASES["rocm_transfer_stream_copy"].CASE, {})
+    race.oracle = {"buggy": 0, "upstream": 0}
+    assert race.oracle_agrees is None  # an ordering race it does not track: no verdict
+    race.oracle = {"buggy": 1, "upstream": 0}
+    assert race.oracle_agrees is True
+    race.oracle = {"buggy": 0, "upstream": 1}
+    assert race.oracle_agrees is False
     row = _row(1, ["uncovered_free"])
     row.oracle = {"buggy": 1, "upstream": None, "record_use": 0}
     assert row.oracle_agrees is False

@@ -47,12 +47,12 @@ def program(dev, form):
     lib = RawLibrary(dev)
     handle_stream = M.Stream()
     out = torch.zeros(NBYTES, dtype=torch.uint8, device=dev.type)
-    handle_stream.wait_stream(M.current_stream())
     if form == "upstream":
         with M.stream(handle_stream):  # the caller-owned workspace, on the launch stream
             workspace = torch.empty(NBYTES, dtype=torch.uint8, device=dev.type)
     else:
         workspace = torch.empty(NBYTES, dtype=torch.uint8, device=dev.type)  # on the ambient stream
+    handle_stream.wait_stream(M.current_stream())  # the launch follows the ambient stream's work so far
     execute(lib, dev, workspace.data_ptr(), out, handle_stream)
     if form == "record_use":
         import npu_lifetime
