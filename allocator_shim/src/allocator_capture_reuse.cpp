@@ -42,17 +42,38 @@ const CaptureTopology* CachingAllocator::topology() {
     return topology_;
 }
 
+// record_use on a capturing stream: marks `u` with the stream's frontier now
+// (the last captured work, the use included), replacing an earlier mark (the
+// stream runs in order).  False when the stream's place in the graph can't
+// be known: the use is then covered as record_stream covers it.
+bool CachingAllocator::mark_capture_use(StreamUse& u) {
+    const CaptureTopology* topo = topology();
+    if (topo == nullptr) return false;
+    CaptureInfo info;
+    int code = 0;
+    if (topo->capture_info(u.stream, &info, &code) != Status::ok) {
+        runtime_error("capture_info(record_use)", code, nullptr, u.stream);
+        return false;
+    }
+    if (!info.capturing || info.invalidated) return false;
+    u.capture = info.id;
+    u.markers = std::move(info.frontier);
+    return true;
+}
+
 // A free during a capture that would be deferred to the capture's end
-// waits for the join instead when: the setting is on, the block belongs to
-// the pool of a capture underway, it has no use event (record_use's and
-// note_use's were recorded outside the capture: only their events can
-// tell), and its stream and every stream it was recorded on capture into
-// the same graph, at least one with captured work.  Otherwise false: the
-// caller defers it as before.
+// waits for the join instead when the block belongs to the pool of a
+// capture underway, it has no use event (record_use's and note_use's
+// recorded outside the capture: only their events can tell), every stream
+// it was recorded on is either marked by a record_use in this capture or,
+// with the setting on, captures into the same graph, and at least one of
+// them has captured work.  A record_use's mark needs no setting: it states
+// the use's last work itself.  Otherwise false: the caller defers it.
 bool CachingAllocator::await_join(Block* b) {
-    if (!capture_reuse_ || b->pool->id.eager() || !graph_pools_.open(b->device, b->pool->id)) return false;
+    if (b->pool->id.eager() || !graph_pools_.open(b->device, b->pool->id)) return false;
     for (const StreamUse& u : b->uses) {
         if (u.event != nullptr || u.noted) return false;
+        if (u.recorded && u.capture == 0 && !capture_reuse_) return false;  // record_stream: torch's opt-in
     }
     const CaptureTopology* topo = topology();
     uint64_t capture = 0;
@@ -88,7 +109,17 @@ bool CachingAllocator::capture_markers(const CaptureTopology& topo, const Block*
     };
     if (!add(b->stream)) return false;
     for (const StreamUse& u : b->uses) {
-        if (u.recorded && !add(u.stream)) return false;
+        if (!u.recorded) continue;
+        if (u.capture == 0) {
+            if (!add(u.stream)) return false;
+            continue;
+        }
+        if (u.capture != *capture) return false;  // marked in another capture: the graph can't tell
+#ifndef NPL_MUTANT_CAPTURE_RULE  // a deliberately broken rule, built only by the test that must catch it
+        for (GraphNode n : u.markers) {
+            if (std::find(markers->begin(), markers->end(), n) == markers->end()) markers->push_back(n);
+        }
+#endif
     }
     return !markers->empty();
 }

@@ -50,6 +50,12 @@ struct StreamUse {
     uint64_t seq = 0;
     bool recorded = false;  // record_stream: record an event here at the free
     bool noted = false;     // `event` witnesses a use nothing recorded (the sanitizer saw it)
+    // record_use inside a graph capture (no event may be recorded there): the
+    // capture it was made in and this stream's frontier at the call, the last
+    // captured work that may touch the block (`recorded` is set too, so that
+    // outside that capture it is covered as record_stream covers it).
+    uint64_t capture = 0;
+    std::vector<GraphNode> markers;
 };
 
 struct Segment;

@@ -24,10 +24,13 @@
 //                             or a recorded stream got no event (the runtime
 //                             failed) and the host could not wait for it:
 //                             retried, never reusable before
-//   live -> awaiting_join     the same free with graph_capture_record_stream_reuse
-//                             on, when the block is its capture's pool's, has
-//                             no use event, and its stream and every recorded
-//                             stream capture into one graph (capture_joins.h)
+//   live -> awaiting_join     the same free, when the block is its capture's
+//                             pool's, has no use event, and its stream and
+//                             every recorded stream capture into one graph:
+//                             each recorded stream marked by a record_use in
+//                             that capture, or any with
+//                             graph_capture_record_stream_reuse on
+//                             (capture_joins.h)
 //   awaiting_join -> cached   an allocation on its stream in that capture
 //                             finds every marker (those streams' frontiers at
 //                             the free) at or before the stream's frontier:
@@ -69,10 +72,12 @@
 // are polled at allocation, at free of a block with uses, on
 // npl_process_events and on the out-of-memory path, never during a capture.
 // An event recorded during a capture would be captured into the graph, so
-// none is: record_use on a capturing stream falls back to record_stream (an
-// event at the free), and a free during a capture that must record an event
-// or ask whether a noted use finished is deferred until no capture is
-// underway.  empty_cache first waits (host) for every freed block's events.
+// none is: record_use on a capturing stream marks the use with the stream's
+// place in the capture's graph instead (a free in that capture waits for the
+// graph to join it: capture_joins.h; anywhere else it is covered as
+// record_stream covers it, by an event at the free), and a free during a
+// capture that must record an event or ask whether a noted use finished is
+// deferred until no capture is underway.  empty_cache first waits (host) for every freed block's events.
 //
 // Graph captures (graph_pools.h).  Between begin_allocate_to_pool and
 // end_allocate_to_pool, allocations from the streams the capture claims go
@@ -959,7 +964,8 @@ StreamUse& CachingAllocator::use_of(Block* b, Stream stream) {
     for (StreamUse& u : b->uses) {
         if (u.stream == stream) return u;
     }
-    b->uses.push_back(StreamUse{stream, nullptr, 0, false, false});
+    b->uses.emplace_back();
+    b->uses.back().stream = stream;
     return b->uses.back();
 }
 
@@ -970,7 +976,10 @@ int CachingAllocator::record_stream(void* ptr, Stream stream, int stream_device)
     if (b == nullptr) return -1;
     if (stream == b->stream) return 0;
     if (stream_device >= 0) stream_devices_[stream] = stream_device;
-    use_of(b, stream).recorded = true;
+    StreamUse& u = use_of(b, stream);
+    u.recorded = true;
+    u.capture = 0;  // covered until the free: a record_use's capture marker no longer bounds it
+    u.markers.clear();
     trace(TraceKind::record_stream, b, stream);
     return 0;
 }
@@ -996,10 +1005,17 @@ int CachingAllocator::record_use(void* ptr, Stream stream, int stream_device, bo
     StreamUse& u = use_of(b, stream);
     if (u.recorded && noted) return 0;  // record_stream covers it already
     if (graph_pools_.any_capture_underway() || capturing(stream)) {
-        // An event recorded inside a graph can't be polled later: fall back to
-        // record_stream, which records at the free (after the capture).
+        // An event recorded inside a graph can't be polled later.  The use is
+        // marked with the stream's place in the capture's graph, so a free in
+        // the same capture waits only for it (capture_joins.h); anywhere else
+        // it is covered as record_stream covers it, by an event at the free.
+        bool covered = u.recorded && u.capture == 0;  // a record_stream covers it until the free already
         u.recorded = true;
-        trace(TraceKind::record_stream, b, stream);
+        if (!covered && mark_capture_use(u)) {
+            trace(TraceKind::record_use, b, stream);
+        } else {
+            trace(TraceKind::record_stream, b, stream);
+        }
         return 0;
     }
     if (u.event == nullptr) {

@@ -190,6 +190,7 @@ class CachingAllocator {
     // graph_capture_record_stream_reuse (allocator_capture_reuse.cpp)
     const CaptureTopology* topology();  // nullptr: none (a finding says so, once)
     bool await_join(Block* b);
+    bool mark_capture_use(StreamUse& u);
     bool capture_markers(const CaptureTopology& topo, const Block* b, uint64_t* capture,
                          std::vector<GraphNode>* markers);
     void reclaim_joined(Stream stream);

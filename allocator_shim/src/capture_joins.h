@@ -4,9 +4,16 @@
 // still use it is reusable inside that capture once every stream's work up
 // to the free is an ancestor of the allocating stream's frontier.
 //
-// Each waiting block carries its markers: the frontier nodes, at the free,
-// of its allocation stream and of each stream it was recorded on (the last
-// captured work that may touch it).  It is reused on its own stream (pools
+// Each waiting block carries its markers: the last captured work that may
+// touch it.  For its allocation stream and each stream recorded with
+// record_stream (only with the setting on), their frontiers at the free; for
+// a stream whose use was stated with record_use in the same capture, that
+// stream's frontier at the record_use call, with no setting needed: the call
+// follows the use's last work, so later work on that stream (a communication
+// stream's next collective) does not hold the block back.  This is safe as
+// record_stream's rule is: the block is handed out only on its own stream,
+// once every marker is at or before that stream's frontier, so all its
+// captured uses are ancestors, in the graph, of whatever the new owner does.  It is reused on its own stream (pools
 // are per stream) once all its markers lie at or before that stream's
 // frontier in the same capture (capture_reach.h); whatever is still
 // waiting when its pool's capture ends becomes an ordinary deferred free.
