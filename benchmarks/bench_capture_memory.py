@@ -25,7 +25,8 @@ Configurations, each in a process of its own: torch's allocator with
 record_stream, with and without ``graph_capture_record_stream_reuse:True``;
 the shim with record_stream, with and without that setting; the shim with
 record_use (no setting).  Reported: the peak reserved memory above the
-start (graph pool growth during capture, or eager peak), and the median
+start, from an empty cache (as ``torch.cuda.graph`` begins): the graph
+pool's size for the capture, one iteration's for eager; and the median
 replay (or eager) step time.
 
     python benchmarks/bench_capture_memory.py [--layers 16] [--mib 64] [--replays 20] [--json F]
@@ -124,7 +125,12 @@ def worker(config: str, pattern: str, layers: int, mib: int, replays: int) -> di
     for mode in ("eager", "captured"):
         if mode == "eager":
             run(layers, numel, side, how)  # warm-up, as before a capture
+        # torch.cuda.graph empties the cache as it begins: both modes start from an empty cache
+        import gc
+
         torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_reserved()
         if mode == "eager":
@@ -184,8 +190,8 @@ def main() -> None:
                 continue
             results[(pattern, config)] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"done {pattern} {config}", file=sys.stderr, flush=True)
-    print(f"{args.layers} layers, {args.mib} MiB buffers; peak = reserved memory above the start "
-          "(captured: the graph pool's growth during capture)")
+    print(f"{args.layers} layers, {args.mib} MiB buffers; peak = reserved memory above an empty cache "
+          "(captured: the graph pool; eager: one iteration)")
     print(f"{'pattern':8} {'configuration':30} {'eager MiB':>10} {'captured MiB':>13} {'x eager':>8} "
           f"{'eager ms':>9} {'replay ms':>10}")
     for (pattern, config), r in results.items():
