@@ -45,3 +45,28 @@ def sim_calls(call: str) -> int:
 def sim_completed(stream: int) -> int:
     """Operations of ``stream`` that have run."""
     return _lib().npl_sim_completed(stream)
+
+
+def build_shim(out, *defines: str):
+    """The shim's sources built into ``out`` (a Path) with ``defines``, -O0 (quick to
+    compile): a mutant whose deliberately broken rule a test must catch,
+    loaded in a subprocess through NPU_LIFETIME_SHIM."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    sources = sorted((repo / "allocator_shim" / "src").glob("*.cpp"))
+    flags = ["-std=c++17", "-O0", "-fPIC", "-fvisibility=hidden", f"-I{repo / 'allocator_shim' / 'include'}",
+             *defines]
+    objects = [out / (src.stem + ".o") for src in sources]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        runs = pool.map(lambda pair: subprocess.run(["c++", *flags, "-c", str(pair[0]), "-o", str(pair[1])],
+                                                    capture_output=True, text=True), zip(sources, objects))
+        for done in runs:
+            assert done.returncode == 0, done.stderr
+    library = out / "libnpl_mutant.so"
+    subprocess.run(["c++", "-shared", "-fPIC", f"-Wl,--version-script={repo / 'allocator_shim' / 'libnpl.map'}",
+                    *map(str, objects), "-o", str(library), "-ldl", "-lpthread"], check=True)
+    return library

@@ -18,7 +18,6 @@ record_use's marker ignored) must fail this property."""
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npu_lifetime import shim
-from shim_testing import check_invariants
+from shim_testing import build_shim, check_invariants
 
 STREAMS = (0x1000, 0x2000, 0x3000, 0x4000)
 ORIGIN = STREAMS[0]
@@ -250,29 +249,11 @@ def test_record_use_reuses_inside_a_capture_with_no_setting(sim_shim):
     assert blocks.held and not blocks.awaiting
 
 
-def _build_shim(out: Path, *defines: str) -> Path:
-    """The shim's sources built into ``out`` with ``defines`` (-O0: quick to compile)."""
-    repo = Path(__file__).resolve().parent.parent
-    sources = sorted((repo / "allocator_shim" / "src").glob("*.cpp"))
-    flags = ["-std=c++17", "-O0", "-fPIC", "-fvisibility=hidden", f"-I{repo / 'allocator_shim' / 'include'}",
-             *defines]
-    objects = [out / (src.stem + ".o") for src in sources]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        runs = pool.map(lambda pair: subprocess.run(["c++", *flags, "-c", str(pair[0]), "-o", str(pair[1])],
-                                                    capture_output=True, text=True), zip(sources, objects))
-        for done in runs:
-            assert done.returncode == 0, done.stderr
-    library = out / "libnpl_mutant.so"
-    subprocess.run(["c++", "-shared", "-fPIC", f"-Wl,--version-script={repo / 'allocator_shim' / 'libnpl.map'}",
-                    *map(str, objects), "-o", str(library), "-ldl", "-lpthread"], check=True)
-    return library
-
-
 def test_a_broken_capture_rule_is_caught(tmp_path):
     """A shim whose rule ignores record_use's marker (it joins on the owner's
     frontier only) hands out memory a captured use may still read: the
     property above finds it."""
-    library = _build_shim(tmp_path, "-DNPL_MUTANT_CAPTURE_RULE")
+    library = build_shim(tmp_path, "-DNPL_MUTANT_CAPTURE_RULE")
     env = dict(os.environ, NPU_LIFETIME_SHIM=str(library))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
                            "-k", "matches_the_graph_oracle and setting_off"],

@@ -74,6 +74,15 @@ int npl_get_debug(void);
  * (an `unsupported` finding says so once). */
 int npl_set_graph_capture_record_stream_reuse(int enabled);
 int npl_get_graph_capture_record_stream_reuse(void);
+/* The oracle mode (off by default): each eager block is a stream-ordered
+ * allocation of its own (cudaMallocAsync on its stream), freed with a
+ * stream-ordered free on its stream once the shim makes it reusable, after
+ * that stream waited on the block's events, so compute-sanitizer's
+ * --track-stream-ordered-races checks every reuse decision.  Policy becomes
+ * stream_wait.  Only while the shim holds no memory; 0 on success, else 1
+ * (npl_last_oom_message says why: no such runtime calls, memory held). */
+int npl_set_stream_ordered(int enabled);
+int npl_get_stream_ordered(void);
 
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */

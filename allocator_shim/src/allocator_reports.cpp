@@ -161,6 +161,7 @@ void CachingAllocator::reset() {
     joins_.clear();
     reach_.clear();
     capture_reuse_ = false;
+    ordered_ = nullptr;
     for (Block* b : spare_blocks_) delete b;
     pools_.clear();
     book_.clear();

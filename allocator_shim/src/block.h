@@ -122,6 +122,7 @@ struct SegmentSource {
     npl_segment_alloc_fn alloc = nullptr;  // nullptr: the runtime
     npl_segment_free_fn free = nullptr;
     void* ctx = nullptr;
+    bool ordered = false;  // the oracle mode's: one block, freed stream-ordered when reusable
 };
 
 struct Segment {

@@ -501,9 +501,11 @@ Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, i
         Block* b = try_grow(p, size, status, code);
         if (b != nullptr || *status != Status::unsupported) return b;  // unsupported: a plain segment instead
     }
-    size_t bytes = segment_size_for(size, p->small);
+    bool ordered = ordered_ != nullptr && p->id.eager();  // the oracle mode: a block of its own
+    size_t bytes = ordered ? size : segment_size_for(size, p->small);
     void* ptr = nullptr;
-    SegmentSource source = p->id.eager() ? SegmentSource{} : graph_pools_.source(p->device, p->id);
+    SegmentSource source = ordered ? ordered_source()
+                                   : p->id.eager() ? SegmentSource{} : graph_pools_.source(p->device, p->id);
     *status = segment_malloc(source, &ptr, bytes, p->device, p->stream, code);
     if (*status != Status::ok) return nullptr;
     Block* b = new_block();
@@ -586,6 +588,10 @@ NPL_HOT void CachingAllocator::uncount_plain_split(const Block* like, size_t siz
 // Caches a block, merging it with cached neighbours of its segment; the
 // merged block takes the first neighbour's place in the pool.
 NPL_HOT void CachingAllocator::cache_block(Block* b) {
+    if (__builtin_expect(b->segment->source.ordered, 0)) {
+        release_ordered(b);
+        return;
+    }
     b->state = BlockState::cached;
     Block* prev = b->prev != nullptr && b->prev->state == BlockState::cached ? b->prev : nullptr;
     Block* next = b->next != nullptr && b->next->state == BlockState::cached ? b->next : nullptr;

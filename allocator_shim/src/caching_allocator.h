@@ -80,6 +80,14 @@ class CachingAllocator {
     // topology (such frees then wait for the capture's end, as when off).
     bool set_capture_reuse(bool on);
     bool capture_reuse() const;
+    // The oracle mode (stream_ordered.cpp): each eager block is its own
+    // stream-ordered allocation, given back with a stream-ordered free on its
+    // stream once the shim says it is reusable, after that stream waited on
+    // its events; compute-sanitizer then checks every reuse decision.  Only
+    // while the allocator holds no memory; false (and `why`) otherwise or
+    // where the runtime has no stream-ordered memory.
+    bool set_stream_ordered(bool on, std::string* why);
+    bool stream_ordered() const;
     // Debug mode: freed blocks are poisoned and quarantined (0: off).
     void set_debug(bool enabled, size_t quarantine_bytes);
     bool debug() const;
@@ -206,6 +214,8 @@ class CachingAllocator {
     void settle(Block* b);  // a freed block with its held events decided: pending, cached or quarantined
     void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
+    SegmentSource ordered_source() const;
+    void release_ordered(Block* b);
     void absorb(Block* b, Block* n);
     // The cached pair's shortcut (unmerged_)
     bool leave_unmerged(Block* b);
@@ -285,6 +295,7 @@ class CachingAllocator {
     CaptureJoins joins_;  // blocks freed in a capture waiting for its graph's join
     CaptureReach reach_;  // per capture and stream: the nodes at or before its frontier
     bool capture_reuse_ = false;
+    const StreamOrderedMemory* ordered_ = nullptr;  // the oracle mode's calls, while it is on
     bool topology_asked_ = false;  // topology_ is the selected runtime's answer
     const CaptureTopology* topology_ = nullptr;
     std::vector<Block*> spare_blocks_;

@@ -175,6 +175,19 @@ NPL_EXPORT int npl_get_graph_capture_record_stream_reuse(void) {
                    [] { return shim().allocator.capture_reuse() ? 1 : 0; });
 }
 
+NPL_EXPORT int npl_set_stream_ordered(int enabled) {
+    return guarded("set_stream_ordered", 1, [&] {
+        std::string why;
+        if (shim().allocator.set_stream_ordered(enabled != 0, &why)) return 0;
+        npl::set_last_failure("npu_lifetime shim: the oracle mode: " + why);
+        return 1;
+    });
+}
+
+NPL_EXPORT int npl_get_stream_ordered(void) {
+    return guarded("get_stream_ordered", 0, [] { return shim().allocator.stream_ordered() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_process_events(void) {
     guarded_void("process_events", [] { shim().allocator.process_events(); });
 }

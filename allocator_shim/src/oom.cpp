@@ -76,6 +76,7 @@ Status CachingAllocator::segment_free(const Segment* seg, int* code) {
     // streams were waited for through their events before the segment was
     // free; one the program never declared is its bug, which the simulated
     // runtime's free counts.)
+    if (seg->source.ordered) return ordered_->free_async(seg->base, seg->device, seg->stream, code);  // oracle mode
     Status synced = rt_->stream_synchronize(seg->stream, code);
     if (synced != Status::ok) return synced;
     if (seg->source.alloc == nullptr) return rt_->free(seg->base, seg->device, code);

@@ -71,6 +71,20 @@ bool set_acl_queue_ops(const struct npl_queue_ops* ops, const Runtime* in_use, s
 // True when the process already has a CUDA / ACL runtime library loaded.
 bool library_loaded(const char* name_fragment, std::string* path);
 
+// ---- Stream-ordered memory (the oracle mode) ------------------------------
+// cudaMallocAsync / cudaFreeAsync: memory whose lifetime the runtime orders
+// on a stream, so that compute-sanitizer (--track-stream-ordered-races) can
+// check every access against it.  nullptr (and `why`) where the runtime has
+// none.  The simulated runtime allocates at once and frees once the stream
+// has run to the free (its own stream order).
+struct StreamOrderedMemory {
+    Status (*malloc_async)(void** ptr, size_t size, int device, Stream stream, int* code);
+    Status (*free_async)(void* ptr, int device, Stream stream, int* code);
+};
+const StreamOrderedMemory* stream_ordered_memory(const Runtime* rt, std::string* why);
+const StreamOrderedMemory* cuda_stream_ordered_memory(std::string* why);  // only once cuda_runtime() loaded
+const StreamOrderedMemory* sim_stream_ordered_memory();
+
 // ---- Capture topology (graph_capture_record_stream_reuse) ----------------
 // What the allocator may ask about a graph capture in progress, without
 // touching the graph: the capture a stream takes part in and its frontier

@@ -43,6 +43,8 @@ struct Api {
     cudaError (*ThreadExchangeStreamCaptureMode)(int*);
     cudaError (*GetDeviceCount)(int*);
     const char* (*GetErrorString)(cudaError);
+    cudaError (*MallocAsync)(void**, size_t, void*);  // optional: the oracle mode's
+    cudaError (*FreeAsync)(void*, void*);
 } api;
 
 // Runs a call that is not stream-ordered (cudaMalloc, cudaFree, event
@@ -284,10 +286,29 @@ bool load(std::string* why) {
     ok &= resolve(h, "cudaGetDeviceCount", &api.GetDeviceCount, why);
     ok &= resolve(h, "cudaGetErrorString", &api.GetErrorString, why);
     api.StreamGetDevice = reinterpret_cast<cudaError (*)(void*, int*)>(resolve_symbol(h, "cudaStreamGetDevice"));
+    api.MallocAsync = reinterpret_cast<cudaError (*)(void**, size_t, void*)>(resolve_symbol(h, "cudaMallocAsync"));
+    api.FreeAsync = reinterpret_cast<cudaError (*)(void*, void*)>(resolve_symbol(h, "cudaFreeAsync"));
     return ok;
 }
 
+// The oracle mode's segments: stream-ordered, on the device the segment is for.
+Status cu_malloc_async(void** ptr, size_t size, int device, Stream stream, int* code) {
+    return on_device(device, code, [&] { return api.MallocAsync(ptr, size, stream); });
+}
+Status cu_free_async(void* ptr, int device, Stream stream, int* code) {
+    return on_device(device, code, [&] { return api.FreeAsync(ptr, stream); });
+}
+const StreamOrderedMemory kCudaOrdered = {cu_malloc_async, cu_free_async};
+
 }  // namespace
+
+const StreamOrderedMemory* cuda_stream_ordered_memory(std::string* why) {
+    if (api.MallocAsync == nullptr || api.FreeAsync == nullptr) {
+        *why = "the loaded libcudart has no cudaMallocAsync / cudaFreeAsync (CUDA 11.2 or later has them)";
+        return nullptr;
+    }
+    return &kCudaOrdered;
+}
 
 const Runtime* cuda_runtime(std::string* why) {
     static std::mutex mu;

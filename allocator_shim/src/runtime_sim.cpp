@@ -173,6 +173,42 @@ Status sim_free(void* ptr, int, int* code) {
     return result(kOk, code);
 }
 
+// The oracle mode's free (stream-ordered, as cudaFreeAsync): the memory goes
+// once `stream` has run to the free, with what it waits for; fills other
+// streams still have queued on it are not ordered before the free, and are
+// counted as illegal accesses (as compute-sanitizer reports them).
+Status sim_free_async(void* ptr, int, Stream stream, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (injected_failure(s, kFree)) return result(kInvalid, code);
+    auto it = s.memory.find(ptr);
+    if (it == s.memory.end()) return result(kInvalid, code);
+    SimStream& own = s.streams[stream];
+    advance(s, own, own.queued, true);
+    const char* begin = static_cast<const char*>(ptr);
+    const char* end = begin + it->second;
+    uint64_t unordered = 0;
+    for (auto& entry : s.streams) {  // counted, and dropped: they would land in freed host memory
+        auto& fills = entry.second.pending_fills;
+        auto on_it = [&](const Fill& f) {
+            const char* at = static_cast<const char*>(f.ptr);
+            return at < end && begin < at + f.size;
+        };
+        auto kept = std::remove_if(fills.begin(), fills.end(), on_it);
+        unordered += static_cast<uint64_t>(fills.end() - kept);
+        fills.erase(kept, fills.end());
+    }
+    if (unordered != 0) sim::detail::count_illegal(unordered);
+    s.in_use -= it->second;
+    s.memory.erase(it);
+    std::free(ptr);
+    return result(kOk, code);
+}
+
+Status sim_malloc_async(void** ptr, size_t size, int device, Stream, int* code) {
+    return sim_malloc(ptr, size, device, code);
+}
+
 Status sim_event_create(Event* event, int, int* code) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -503,5 +539,10 @@ const CaptureTopology kSimTopology = {sim_capture_info, sim_node_parents};
 }  // namespace
 
 const CaptureTopology* sim_capture_topology() { return &kSimTopology; }
+
+const StreamOrderedMemory* sim_stream_ordered_memory() {
+    static const StreamOrderedMemory ordered = {sim_malloc_async, sim_free_async};
+    return &ordered;
+}
 
 }  // namespace npl

@@ -173,6 +173,23 @@ def set_graph_capture_record_stream_reuse(enabled: bool) -> None:
                       RuntimeWarning, stacklevel=2)
 
 
+def set_stream_ordered(enabled: bool) -> None:
+    """The oracle mode: each eager block is a stream-ordered allocation of its
+    own, freed stream-ordered on its stream once the shim makes it reusable,
+    after that stream waited on the block's events, so that compute-sanitizer
+    (``--track-stream-ordered-races all``) checks every reuse decision.  The
+    policy becomes stream_wait.  Only while the shim holds no memory; raises
+    ``RuntimeError`` saying why it can't (no cudaMallocAsync, memory held)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, not {enabled!r}")
+    if library().npl_set_stream_ordered(int(enabled)) != 0:
+        raise RuntimeError(last_oom_message() or "npu_lifetime: the oracle mode could not be switched")
+
+
+def stream_ordered() -> bool:
+    return bool(library().npl_get_stream_ordered())
+
+
 def graph_capture_record_stream_reuse() -> bool:
     return bool(library().npl_get_graph_capture_record_stream_reuse())
 

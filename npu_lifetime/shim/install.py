@@ -11,6 +11,7 @@ import ctypes
 import os
 import warnings
 
+from ..flags import env_flag
 from . import api
 from . import arguments as check
 from . import npu_queue, state
@@ -87,6 +88,8 @@ def install(
         npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
     _configure(policy, debug, quarantine_bytes)
+    if env_flag("NPU_LIFETIME_SHIM_ORACLE"):  # the oracle mode, for compute-sanitizer (api.set_stream_ordered)
+        api.set_stream_ordered(True)
     # the CUDA bridge follows torch's own setting at each allocation; otherwise the environment's, once
     if cuda_bridge is None and alloc_conf_expandable(ALLOC_CONF_VARIABLES[device]):
         api.set_expandable_segments(True)

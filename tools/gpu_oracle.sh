@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The shim's oracle mode on one GPU, in one command that builds everything:
+# compute-sanitizer (--track-stream-ordered-races all) checks the shim's own
+# reuse decisions.  1) the shim's GPU tests and 2) a real model in the oracle
+# mode: 0 errors expected; 3) a hand-off with the real shim: 0 errors, and with
+# a shim built to release blocks without waiting (NPL_MUTANT_ORDERED_RELEASE):
+# errors expected.  Logs under $OUT.
+set -u
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+T0=$SECONDS; python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+CS="compute-sanitizer --tool memcheck --track-stream-ordered-races all --print-limit 20"
+summary() { grep -h "ERROR SUMMARY" "$1" | sort | uniq -c | tr '\n' ' '; echo; }
+NPU_LIFETIME_SHIM_ORACLE=1 timeout "${TEST_LIMIT:-300}" $CS python3 -m pytest -q -p no:cacheprovider \
+  ${ORACLE_TESTS:-tests/test_gpu_shim.py tests/test_gpu_record_use.py} > "$OUT/oracle_tests.log" 2>&1
+echo "1) shim GPU tests in the oracle mode rc=$? $((SECONDS-T0)) s: $(tail -1 "$OUT/oracle_tests.log")"; summary "$OUT/oracle_tests.log"
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py model > "$OUT/oracle_model.log" 2>&1
+echo "2) model rc=$? $((SECONDS-T0)) s: $(grep '^{' "$OUT/oracle_model.log")"; summary "$OUT/oracle_model.log"
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py handoff > "$OUT/oracle_handoff.log" 2>&1
+echo "3a) hand-off, the shim rc=$?: $(grep '^{' "$OUT/oracle_handoff.log")"; summary "$OUT/oracle_handoff.log"
+python3 - <<'PY' > "$OUT/mutant_build.log" 2>&1
+import sys; sys.path.insert(0, "tests")
+from pathlib import Path
+from shim_testing import build_shim
+out = Path("/tmp/npl_mutant"); out.mkdir(exist_ok=True)
+print(build_shim(out, "-DNPL_MUTANT_ORDERED_RELEASE"))
+PY
+NPU_LIFETIME_SHIM=/tmp/npl_mutant/libnpl_mutant.so NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS \
+  python3 tools/oracle_programs.py handoff > "$OUT/oracle_mutant.log" 2>&1
+echo "3b) hand-off, a shim releasing without waiting rc=$?: $(grep '^{' "$OUT/oracle_mutant.log")"
+summary "$OUT/oracle_mutant.log"; grep -m3 "^========= [A-Z]" "$OUT/oracle_mutant.log" | grep -v SUMMARY
+echo "total $((SECONDS-T0)) s"
