@@ -9,15 +9,23 @@ set -u
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 T0=$SECONDS; python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-CS="compute-sanitizer --tool memcheck --track-stream-ordered-races all --print-limit 20"
-summary() { grep -h "ERROR SUMMARY" "$1" | sort | uniq -c | tr '\n' ' '; echo; }
+CS="compute-sanitizer --tool memcheck --track-stream-ordered-races all --target-processes all --print-limit 500"
+# errors by kind: memory accesses (use-after-free, use-before-alloc, invalid) apart from API errors
+summary() { grep -hE "^========= [A-Z]" "$1" | grep -v "COMPUTE-SANITIZER" | sed 's/ at 0x[0-9a-f]*//; s/ of size [0-9,]* bytes//' \
+  | sort | uniq -c; }
+# Left out: the tests that assert caching or a policy (the mode caches nothing and uses stream_wait), and
+# the out-of-memory test, whose failed cudaMallocAsync calls compute-sanitizer reports as API errors.
 NPU_LIFETIME_SHIM_ORACLE=1 timeout "${TEST_LIMIT:-300}" $CS python3 -m pytest -q -p no:cacheprovider \
-  ${ORACLE_TESTS:-tests/test_gpu_shim.py tests/test_gpu_record_use.py} > "$OUT/oracle_tests.log" 2>&1
+  ${ORACLE_TESTS:-tests/test_gpu_shim.py tests/test_gpu_record_use.py} \
+  -k "not blocks_cached and not poll_policy and not lazy_wait_holds and not out_of_memory" > "$OUT/oracle_tests.log" 2>&1
 echo "1) shim GPU tests in the oracle mode rc=$? $((SECONDS-T0)) s: $(tail -1 "$OUT/oracle_tests.log")"; summary "$OUT/oracle_tests.log"
 NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py model > "$OUT/oracle_model.log" 2>&1
 echo "2) model rc=$? $((SECONDS-T0)) s: $(grep '^{' "$OUT/oracle_model.log")"; summary "$OUT/oracle_model.log"
 NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py handoff > "$OUT/oracle_handoff.log" 2>&1
 echo "3a) hand-off, the shim rc=$?: $(grep '^{' "$OUT/oracle_handoff.log")"; summary "$OUT/oracle_handoff.log"
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py buggy > "$OUT/oracle_buggy.log" 2>&1
+echo "3c) the hand-off without record_use (the program's bug) rc=$?: $(grep '^{' "$OUT/oracle_buggy.log")"
+summary "$OUT/oracle_buggy.log"
 python3 - <<'PY' > "$OUT/mutant_build.log" 2>&1
 import sys; sys.path.insert(0, "tests")
 from pathlib import Path
@@ -28,5 +36,5 @@ PY
 NPU_LIFETIME_SHIM=/tmp/npl_mutant/libnpl_mutant.so NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS \
   python3 tools/oracle_programs.py handoff > "$OUT/oracle_mutant.log" 2>&1
 echo "3b) hand-off, a shim releasing without waiting rc=$?: $(grep '^{' "$OUT/oracle_mutant.log")"
-summary "$OUT/oracle_mutant.log"; grep -m3 "^========= [A-Z]" "$OUT/oracle_mutant.log" | grep -v SUMMARY
+summary "$OUT/oracle_mutant.log"
 echo "total $((SECONDS-T0)) s"

@@ -5,6 +5,9 @@ for the oracle mode) and prints one JSON line.
   handoff  a hand-off the shim must get right: x is read on a side stream
            behind a slow kernel, record_use(x, side), x dropped, its memory
            wanted at once on the allocating stream
+  buggy    the same hand-off without record_use: the program's bug, which
+           compute-sanitizer must report through the shim's stream-ordered
+           frees
   model    a real model: a small GPT-2 (transformers, random weights) trained
            3 steps, its batches prefetched on a copy stream with record_use
 """
@@ -16,7 +19,7 @@ import torch
 import npu_lifetime
 
 
-def handoff():
+def handoff(record=True):
     side = torch.cuda.Stream()
     out = []
     for _ in range(4):
@@ -25,7 +28,8 @@ def handoff():
         with torch.cuda.stream(side):
             torch.cuda._sleep(20_000_000)
             out.append(x.sum())
-        npu_lifetime.record_use(x, side)
+        if record:
+            npu_lifetime.record_use(x, side)
         del x
         y = torch.full((1 << 20,), -1.0, device="cuda")  # wants x's memory at once
         del y
@@ -58,6 +62,6 @@ def model():
 
 if __name__ == "__main__":
     npu_lifetime.install("cuda")
-    result = {"handoff": handoff, "model": model}[sys.argv[1]]()
+    result = {"handoff": handoff, "buggy": lambda: handoff(record=False), "model": model}[sys.argv[1]]()
     result["oracle_mode"] = npu_lifetime.shim.stream_ordered()
     print(json.dumps(result))
