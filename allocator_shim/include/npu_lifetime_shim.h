@@ -83,6 +83,12 @@ int npl_get_graph_capture_record_stream_reuse(void);
  * (npl_last_oom_message says why: no such runtime calls, memory held). */
 int npl_set_stream_ordered(int enabled);
 int npl_get_stream_ordered(void);
+/* Cross-stream reuse (off by default): an eager allocation its own stream's
+ * pool can't serve takes a whole free segment of another stream's pool,
+ * after the allocating stream waited GPU-side on that stream's work so far
+ * and on the block's pending events. */
+void npl_set_cross_stream_reuse(int enabled);
+int npl_get_cross_stream_reuse(void);
 
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */

@@ -88,6 +88,12 @@ class CachingAllocator {
     // where the runtime has no stream-ordered memory.
     bool set_stream_ordered(bool on, std::string* why);
     bool stream_ordered() const;
+    // Cross-stream reuse (off by default; cross_stream.cpp): an eager
+    // allocation its own stream's pool can't serve takes a whole free segment
+    // of another stream's pool, once the allocating stream waits GPU-side on
+    // that stream's work so far and on the block's events.
+    void set_cross_stream_reuse(bool on);
+    bool cross_stream_reuse() const;
     // Debug mode: freed blocks are poisoned and quarantined (0: off).
     void set_debug(bool enabled, size_t quarantine_bytes);
     bool debug() const;
@@ -215,6 +221,8 @@ class CachingAllocator {
     void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
     SegmentSource ordered_source() const;
+    Block* adopt_foreign(Pool* p, size_t size, Stream stream);
+    Block* foreign_segment(const Pool* p, size_t size);
     void release_ordered(Block* b);
     void absorb(Block* b, Block* n);
     // The cached pair's shortcut (unmerged_)
@@ -296,6 +304,7 @@ class CachingAllocator {
     CaptureReach reach_;  // per capture and stream: the nodes at or before its frontier
     bool capture_reuse_ = false;
     const StreamOrderedMemory* ordered_ = nullptr;  // the oracle mode's calls, while it is on
+    bool cross_stream_ = false;
     bool topology_asked_ = false;  // topology_ is the selected runtime's answer
     const CaptureTopology* topology_ = nullptr;
     std::vector<Block*> spare_blocks_;

@@ -188,6 +188,14 @@ NPL_EXPORT int npl_get_stream_ordered(void) {
     return guarded("get_stream_ordered", 0, [] { return shim().allocator.stream_ordered() ? 1 : 0; });
 }
 
+NPL_EXPORT void npl_set_cross_stream_reuse(int enabled) {
+    guarded_void("set_cross_stream_reuse", [&] { shim().allocator.set_cross_stream_reuse(enabled != 0); });
+}
+
+NPL_EXPORT int npl_get_cross_stream_reuse(void) {
+    return guarded("get_cross_stream_reuse", 0, [] { return shim().allocator.cross_stream_reuse() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_process_events(void) {
     guarded_void("process_events", [] { shim().allocator.process_events(); });
 }

@@ -186,6 +186,20 @@ def set_stream_ordered(enabled: bool) -> None:
         raise RuntimeError(last_oom_message() or "npu_lifetime: the oracle mode could not be switched")
 
 
+def set_cross_stream_reuse(enabled: bool) -> None:
+    """Cross-stream reuse (off by default): an allocation its stream's pool
+    can't serve takes a whole free segment of another stream's pool, behind
+    GPU-side waits on that stream's work and the block's events
+    (design/allocator-shim.md, "Cross-stream reuse")."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, not {enabled!r}")
+    library().npl_set_cross_stream_reuse(int(enabled))
+
+
+def cross_stream_reuse() -> bool:
+    return bool(library().npl_get_cross_stream_reuse())
+
+
 def stream_ordered() -> bool:
     return bool(library().npl_get_stream_ordered())
 

@@ -90,6 +90,8 @@ def install(
     _configure(policy, debug, quarantine_bytes)
     if env_flag("NPU_LIFETIME_SHIM_ORACLE"):  # the oracle mode, for compute-sanitizer (api.set_stream_ordered)
         api.set_stream_ordered(True)
+    if env_flag("NPU_LIFETIME_CROSS_STREAM_REUSE"):  # api.set_cross_stream_reuse
+        api.set_cross_stream_reuse(True)
     # the CUDA bridge follows torch's own setting at each allocation; otherwise the environment's, once
     if cuda_bridge is None and alloc_conf_expandable(ALLOC_CONF_VARIABLES[device]):
         api.set_expandable_segments(True)

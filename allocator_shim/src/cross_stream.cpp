@@ -1,0 +1,92 @@
+// Cross-stream reuse, off by default (npl_set_cross_stream_reuse).
+//
+// torch's allocator caches per (device, stream): memory one stream freed
+// serves only that stream, so a stream that never allocates again strands
+// it (vllm-project/vllm#52950: a new stream per weight sync left ~2 GiB per
+// step reserved).  Here an eager allocation that its own stream's pool
+// cannot serve first takes a whole free segment from another stream's pool
+// of the same device and size class (the smallest that fits), before the
+// runtime is asked for memory:
+//
+//   1. an event is recorded on the segment's stream now and the allocating
+//      stream waits on it GPU-side: everything that stream queued, its uses
+//      of the block before the free included, comes first;
+//   2. the allocating stream waits on the block's own events still pending
+//      (record_use's, on other streams), as any reuse does (wait_for_held);
+//   3. the segment and its block move to the allocating stream's pool.
+//
+// Why it is safe: every access to the old owner's memory is either on the
+// segment's stream (ordered before the event of step 1) or on a stream the
+// block holds an event of (step 2); a record_stream'ed use still pending
+// keeps the block out of the pools altogether (its event must fire first
+// under poll and lazy_wait; under stream_wait it is a held event).  Only
+// whole segments move, so a segment's blocks always share its stream and
+// pool (the invariant merging relies on).  Never during a capture (no event
+// may be recorded), never for graph pools or MemPools (their memory belongs
+// to a graph or a pool allocator) or expandable segments (they grow in
+// place on their stream).  A failed record or wait leaves the segment where
+// it was (a finding says why).
+#include "caching_allocator.h"
+
+namespace npl {
+
+void CachingAllocator::set_cross_stream_reuse(bool on) {
+    Locked lock(this);
+    cross_stream_ = on;
+}
+
+bool CachingAllocator::cross_stream_reuse() const {
+    Locked lock(this);
+    return cross_stream_;
+}
+
+// The smallest whole free segment of size >= `size` in the eager pools of
+// p's device and size class on other streams, or nullptr.
+Block* CachingAllocator::foreign_segment(const Pool* p, size_t size) {
+    Block* best = nullptr;
+    pools_.for_each([&](Pool& q) {
+        if (&q == p || q.device != p->device || q.small != p->small || !q.id.eager() || q.stream == p->stream) return;
+        for (Block* b = q.blocks.at_least(size); b != nullptr; b = q.blocks.after(b)) {
+            if (b->prev != nullptr || b->next != nullptr || b->segment->expansion != nullptr) continue;
+            if (best == nullptr || b->size < best->size) best = b;
+            break;  // the pool's best fit among its whole segments
+        }
+    });
+    return best;
+}
+
+Block* CachingAllocator::adopt_foreign(Pool* p, size_t size, Stream stream) {
+    Block* b = foreign_segment(p, size);
+    if (b == nullptr) return nullptr;
+    Event e = acquire_event(p->device);
+    if (e == nullptr || !record(e, b->stream, b, "record_event(cross_stream)")) {
+        if (e != nullptr) events_.make_idle(e, p->device);
+        return nullptr;
+    }
+    int code = 0;
+#ifdef NPL_MUTANT_CROSS_STREAM  // a deliberately unordered reuse, built only by the test that must catch it
+    Status waited = Status::ok;
+#else
+    Status waited = rt_->stream_wait_event(stream, e, &code);
+#endif
+    events_.make_idle(e, p->device);
+    if (waited != Status::ok) {
+        runtime_error("stream_wait_event(cross_stream)", code, b, stream);
+        return nullptr;
+    }
+    dstats(p->device).count(CounterId::stream_waits);
+    pool_erase(b);
+    if (!b->held.empty() && !wait_for_held(b, stream)) {
+        pool_insert(b);
+        return nullptr;
+    }
+    b->segment->stream = stream;
+    b->stream = stream;
+    b->pool = p;
+    trace(TraceKind::reuse_wait, b, stream);
+    pool_insert(b);
+    take(b, size);
+    return b;
+}
+
+}  // namespace npl
