@@ -4,6 +4,12 @@ buffer.  torch's allocator caches per (device, stream), so each stream's
 freed buffer stays reserved for that stream alone, until torch's stream
 pool wraps at 32 streams.
 
+And a multi-stream pipeline: a copy stream brings each step's batch in,
+two compute streams take the steps in turn (activations allocated and
+freed on them), the batch handed off with record_use.  Per-stream caching
+keeps each compute stream's activations reserved for it alone; reported:
+peak reserved memory and the median step time.
+
 Configurations, each in a process of its own: torch's allocator; torch's
 ``cudaMallocAsync`` backend; the shim; the shim with cross-stream reuse
 (``NPU_LIFETIME_CROSS_STREAM_REUSE=1``).  Reported: device memory in use
@@ -34,10 +40,6 @@ MARKS = (1, 8, 32, 40)
 
 
 def worker(steps: int, mib: int) -> dict:
-    if os.environ.get("NPL_BENCH_SHIM") == "1":
-        import npu_lifetime
-
-        npu_lifetime.install("cuda")
     import torch
 
     numel = (mib << 20) // 4
@@ -60,37 +62,77 @@ def worker(steps: int, mib: int) -> dict:
     return {"used_mib": used, "step_ms": statistics.median(times[1:])}
 
 
+def pipeline(steps: int, mib: int) -> dict:
+    import torch
+
+    import npu_lifetime
+
+    numel = (mib << 20) // 4
+    copy, compute = torch.cuda.Stream(), (torch.cuda.Stream(), torch.cuda.Stream())
+    host = torch.ones(numel // 4).pin_memory()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for step in range(steps):
+        start = time.perf_counter()
+        with torch.cuda.stream(copy):
+            batch = host.to("cuda", non_blocking=True)  # a quarter-size batch
+        stream = compute[step % 2]
+        stream.wait_stream(copy)
+        with torch.cuda.stream(stream):
+            acts = [torch.empty(numel, device="cuda") for _ in range(2)]
+            for a in acts:
+                a.fill_(1.0)
+                a[: batch.numel()].add_(batch)
+            npu_lifetime.record_use(batch, stream)
+            del acts
+        del batch
+        stream.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return {"peak_reserved_mib": torch.cuda.max_memory_reserved() / (1 << 20), "step_ms": statistics.median(times[1:])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("new_streams", "pipeline"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.steps, args.mib)))
+        if os.environ.get("NPL_BENCH_SHIM") == "1":
+            import npu_lifetime
+
+            npu_lifetime.install("cuda")
+        run = worker if args.worker == "new_streams" else pipeline
+        print(json.dumps(run(args.steps, args.mib)))
         return
-    results = {}
+    results, piped = {}, {}
     for name, env in CONFIGS.items():
         full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
         for key in ("PYTORCH_CUDA_ALLOC_CONF", "NPU_LIFETIME_CROSS_STREAM_REUSE", "NPL_BENCH_SHIM"):
             if key not in env:
                 full.pop(key, None)
-        done = subprocess.run([sys.executable, __file__, "--worker", "--steps", str(args.steps), "--mib",
-                               str(args.mib)], capture_output=True, text=True, env=full, timeout=600)
-        if done.returncode != 0:
-            print(f"{name}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
-            continue
-        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        for pattern, into in (("new_streams", results), ("pipeline", piped)):
+            done = subprocess.run([sys.executable, __file__, "--worker", pattern, "--steps", str(args.steps),
+                                   "--mib", str(args.mib)], capture_output=True, text=True, env=full, timeout=600)
+            if done.returncode != 0:
+                print(f"{name} {pattern}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            into[name] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"a new stream per step, {args.mib} MiB allocated, filled and freed on it; device memory in use above "
           "the start (MiB) after each step; median step ms")
     print(f"{'allocator':20}" + "".join(f"{'step ' + str(m):>10}" for m in MARKS) + f"{'step ms':>10}")
     for name, r in results.items():
         cells = "".join(f"{r['used_mib'].get(str(m), r['used_mib'].get(m, float('nan'))):10.0f}" for m in MARKS)
         print(f"{name:20}{cells}{r['step_ms']:10.3f}")
+    print(f"\nthe pipeline: a copy stream, two compute streams in turn ({args.mib} MiB activations x2), record_use "
+          "hand-offs; peak reserved MiB, median step ms")
+    for name, r in piped.items():
+        print(f"{name:20}{r['peak_reserved_mib']:10.0f}{r['step_ms']:10.3f}")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+            json.dump({"new_streams": results, "pipeline": piped}, out, indent=2)
 
 
 if __name__ == "__main__":
