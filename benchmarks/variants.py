@@ -266,7 +266,7 @@ def fastest_processes(samples: dict, rounds: int) -> dict:
     """Each variant's fastest process (the least of its rounds' medians).  A
     host that runs some processes uniformly slower (the H100 VMs: none alone
     at 15.6-17.0 us/op in 10 of 18 fresh processes and 21.1-29.5 in 8,
-    pinned or not; design/measurements/2026-11-27i) moves the medians by
+    pinned or not; design/notebook/2026-11-27i) moves the medians by
     which processes ran slow; each variant's fastest process is a fast one
     once every variant has drawn one (``near_fastest`` shows whether it
     has).  Taking the least favours the noisier variants a little."""

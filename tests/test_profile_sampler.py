@@ -1,6 +1,6 @@
 """benchmarks/profile: the in-process sampler samples only the main thread
 between npl_sampler_start/stop, and symbolize.py / breakdown.py read what it
-wrote (the tools behind the sanitizer's GPU profile, design/measurements)."""
+wrote (the tools behind the sanitizer's GPU profile, design/notebook)."""
 from __future__ import annotations
 
 import os

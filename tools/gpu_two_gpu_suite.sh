@@ -16,4 +16,4 @@ grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" $OUT/tests2gpu.log | tail
 TAILN=12 step bench_fsdp2 ${BENCH_LIMIT:-200} python3 benchmarks/bench_fsdp2.py --device cuda --launches 2 --rounds 4 --steps 20
 TAILN=30 step handoff_fsdp2 ${HANDOFF_LIMIT:-100} python3 -c "import sys; from npu_lifetime.cli import main; sys.exit(main())" handoff --device cuda --fsdp2 yes
 # the allocator lock's A/B on FSDP2 (design/allocator-shim.md): futex lock vs std::mutex, interleaved
-[ "${LOCK_AB:-1}" = 1 ] && TAILN=14 step fsdp2_lock_ab ${AB_LIMIT:-200} env OUT=$OUT/ab bash design/measurements/hot_path/fsdp2_lock_ab_2026-11-27.sh
+[ "${LOCK_AB:-1}" = 1 ] && TAILN=14 step fsdp2_lock_ab ${AB_LIMIT:-200} env OUT=$OUT/ab bash design/notebook/hot_path/fsdp2_lock_ab_2026-11-27.sh

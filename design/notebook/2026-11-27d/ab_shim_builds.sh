@@ -2,7 +2,7 @@
 # The chain benchmark's lifetime+shim child for two builds of the repo,
 # interleaved, in one call (the A/B that decides whether a shim change moved
 # the sanitizer+shim figure):
-#   design/measurements/2026-11-27d/ab_shim_builds.sh DIR_A DIR_B [ROUNDS]
+#   design/notebook/2026-11-27d/ab_shim_builds.sh DIR_A DIR_B [ROUNDS]
 # Each DIR is an export of a commit (git archive); both are built first.
 set -u
 a=$1 b=$2 rounds=${3:-5}
