@@ -18,6 +18,11 @@ from typing import Callable
 FORMS = ("buggy", "upstream", "record_use")
 
 
+def buggy_forms(case) -> tuple:
+    """The forms that keep the bug."""
+    return ("buggy", *case.also_buggy)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -34,6 +39,9 @@ class Case:
     devices: tuple = ("sim", "cuda", "npu")
     # A bug the sanitizer cannot see: why (the buggy form is then expected to pass the check).
     gap: str = ""
+    # Other forms that keep the bug and must be caught, as the buggy form must
+    # be (a known gap's buggy form with the access declared: "declared").
+    also_buggy: tuple = ()
     notes: dict = field(default_factory=dict)  # form -> why a form is missing or differs
 
 

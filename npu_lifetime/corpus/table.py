@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from . import case_modules
+from .case import buggy_forms
 from .verdicts import Verdict, check_form, names_ok
 
 
@@ -27,20 +28,29 @@ class Row:
 
     @property
     def fixed_clean(self) -> bool:
-        return all(v.exit_code == 0 for form, v in self.verdicts.items() if form != "buggy")
+        return all(v.exit_code == 0 for form, v in self.verdicts.items() if form not in buggy_forms(self.case))
+
+    def _caught(self, verdict: Verdict) -> str:
+        """'' when ``verdict`` reports the case's bug as it must, else what is wrong."""
+        if verdict.exit_code != 1 or self.case.finding not in verdict.kinds:
+            return f"not reported as {self.case.finding}"
+        if not names_ok(self.case, verdict.named):
+            return "the report does not name the streams and buffer"
+        return ""
 
     @property
     def status(self) -> str:
         """caught, known gap, or WRONG (the sanitizer missed a bug it should see, or flagged a fix)."""
         if not self.fixed_clean:
             return "WRONG: a fixed form fails the check"
+        for form in self.case.also_buggy:
+            wrong = self._caught(self.verdicts[form])
+            if wrong:
+                return f"WRONG: {form} form {wrong}"
         if self.case.gap:
             return "known gap" if self.buggy.exit_code == 0 else "caught (was a known gap: update the case)"
-        if self.buggy.exit_code != 1 or self.case.finding not in self.buggy.kinds:
-            return f"WRONG: buggy form not reported as {self.case.finding}"
-        if not names_ok(self.case, self.buggy.named):
-            return "WRONG: the report does not name the streams and buffer"
-        return "caught"
+        wrong = self._caught(self.buggy)
+        return f"WRONG: buggy form {wrong}" if wrong else "caught"
 
     @property
     def corruption_ok(self) -> Optional[bool]:
@@ -49,7 +59,8 @@ class Row:
             return None
         if any(not isinstance(ok, bool) for ok in self.corruption.values()):
             return False
-        return not self.corruption["buggy"] and all(ok for form, ok in self.corruption.items() if form != "buggy")
+        bug = buggy_forms(self.case)
+        return all(not ok if form in bug else ok for form, ok in self.corruption.items())
 
     @property
     def oracle_agrees(self) -> Optional[bool]:
@@ -61,10 +72,11 @@ class Row:
             return None
         if any(n is None for n in self.oracle.values()):
             return False  # a run that gave no summary
-        fixed_clean = all(n == 0 for form, n in self.oracle.items() if form != "buggy")
+        bug = buggy_forms(self.case)
+        fixed_clean = all(n == 0 for form, n in self.oracle.items() if form not in bug)
         if self.oracle.get("buggy", 0) == 0 and self.case.finding != "uncovered_free" and not self.case.gap:
             return None if fixed_clean else False
-        return self.oracle.get("buggy", 0) > 0 and fixed_clean
+        return all(self.oracle.get(form, 0) > 0 for form in bug if form in self.oracle) and fixed_clean
 
 
 def build(device: str, names=None, progress: Optional[Callable] = None) -> list:
@@ -101,7 +113,12 @@ def render(rows: list, device: str) -> str:
             lines.append(f"    fix offered:    {n['fix']}")
         else:
             lines.append(f"  buggy form:   exit {b.exit_code}, no finding" + (f" (known gap: {c.gap})" if c.gap else ""))
-        fixed = ", ".join(f"{form} exit {v.exit_code}" for form, v in row.verdicts.items() if form != "buggy")
+        for form in c.also_buggy:
+            v = row.verdicts[form]
+            lines.append(f"  {form} form:  exit {v.exit_code}, {', '.join(v.kinds) or 'no finding'}"
+                         + (f"; last use: {v.named.get('consumer', '')}" if v.named else ""))
+        fixed = ", ".join(f"{form} exit {v.exit_code}" for form, v in row.verdicts.items()
+                          if form not in buggy_forms(c))
         lines.append(f"  fixed forms:  {fixed}" + "".join(f"; no {f}: {why}" for f, why in c.notes.items()))
         if row.corruption is not None:
             seen = ", ".join(f"{form} {ok if isinstance(ok, str) else 'intact' if ok else 'CORRUPTED'}"

@@ -45,6 +45,14 @@ def notify(call: str, tensor, stream) -> None:
         getattr(sanitizer, call)(tensor, sanitizer.backend.stream_key(stream))
 
 
+def declare_access(tensor, stream, is_write: bool, what: str) -> None:
+    """Tells each enabled sanitizer that tracks ``tensor`` that ``what`` (a
+    library working on raw pointers) reads or writes its memory on
+    ``stream``; a race or an uncovered use it makes is reported as an op's."""
+    for sanitizer in _by_type.get(tensor.device.type, ()):
+        sanitizer.declare_access(tensor, sanitizer.backend.stream_key(stream), is_write, what)
+
+
 def track_allocation(tensor, stream) -> None:
     """Tells each enabled sanitizer that tracks ``tensor`` that its storage
     was just allocated on ``stream`` by an allocator no backend sees (the

@@ -53,6 +53,35 @@ def flush_findings() -> list:
     return [] if _process_sanitizer is None else _process_sanitizer.flush()
 
 
+def declare_access(tensor, stream=None, access: str = "read", what: str = "an external call") -> None:
+    """States an access the sanitizer cannot see: a library handed
+    ``tensor.data_ptr()`` (cuDNN on its handle's stream, NCCL or a kernel
+    called directly, ctypes) reads (``access="read"``) or writes
+    (``"write"``) its memory on ``stream`` (default: the current stream of
+    the tensor's device), from the work queued there now.  Every enabled
+    sanitizer then treats it as an op's access: a race it makes and a free
+    that does not cover it are reported, naming ``what``.  Without an
+    enabled sanitizer it costs a dictionary lookup."""
+    import torch
+
+    from ..recording import watchers
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"declare_access takes a tensor, not {type(tensor).__name__}")
+    if access not in ("read", "write"):
+        raise ValueError(f"access must be 'read' or 'write', not {access!r}")
+    if not isinstance(what, str) or not what:
+        raise ValueError(f"what must be a non-empty str naming the call, not {what!r}")
+    if not watchers.watching(tensor.device.type):
+        return
+    if stream is None:
+        from .. import simdevice
+
+        stream = (simdevice.current_stream() if tensor.device.type == "cpu"
+                  else getattr(torch, tensor.device.type).current_stream(tensor.device))
+    watchers.declare_access(tensor, stream, access == "write", what)
+
+
 def process_sanitizer() -> Optional[LifetimeSanitizer]:
     return _process_sanitizer
 

@@ -110,10 +110,19 @@ def stream_names(site) -> tuple:
     return names if names and len(names) == made else ()
 
 
-def _is_op(node) -> bool:
+def _constant(node) -> bool:
+    """A number the source spells as arithmetic on literals (``1 << 20``, ``-1``, ``4 * 1024``)."""
+    if isinstance(node, ast.Constant):
+        return True
     if isinstance(node, ast.UnaryOp):
-        return not isinstance(node.operand, ast.Constant)  # -1 is a number, not an op
-    return isinstance(node, (ast.Call, ast.BinOp, ast.Compare))
+        return _constant(node.operand)
+    return isinstance(node, ast.BinOp) and _constant(node.left) and _constant(node.right)
+
+
+def _is_op(node) -> bool:
+    if _constant(node):
+        return False  # a number, not an op
+    return isinstance(node, (ast.Call, ast.BinOp, ast.Compare, ast.UnaryOp))
 
 
 def tensor_name(site) -> Optional[str]:

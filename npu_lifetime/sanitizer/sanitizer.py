@@ -438,6 +438,27 @@ class LifetimeSanitizer:
         arguments.stream_key("erase_stream", stream_key)
         self._storage_call(tensor, stream_key, self.model.erase_stream)
 
+    def declare_access(self, tensor: torch.Tensor, stream_key: tuple, is_write: bool, what: str) -> None:
+        """An access no op shows (a library given the raw pointer): fed as
+        an op's access to each storage holding ``tensor``'s memory.  Raises
+        the race it makes when ``on_race`` is "raise", as an op would."""
+        arguments.tensor("declare_access", tensor)
+        arguments.stream_key("declare_access", stream_key)
+        if not self.backend.tracks(tensor):
+            return
+        site = sites.capture(self.stack_depth, skip=2)
+        found = []
+        for held in storage_holders.holders(tensor):
+            access = accesses.StorageAccess(held.untyped_storage().data_ptr(), held, held.device.index or 0, False, True)
+            access.is_write = is_write
+            access.names.append("declared")
+            found.append(access)
+        with self._lock:
+            self._stream(stream_key)
+        raised = self.apply_accesses(stream_key, found, site, what)
+        if raised is not None:
+            raise raised
+
     def track_allocation(self, tensor: torch.Tensor, stream_key: tuple) -> None:
         """A storage allocated on ``stream_key`` by an allocator the backend
         does not see (the simulated device's hand-off harness)."""

@@ -12,7 +12,9 @@ KNOWN GAP: the sanitizer sees torch's ops only.  A library that reads and
 writes device memory through raw pointers (cuDNN, NCCL called directly, a
 ctypes or custom kernel) makes no access the sanitizer can see, so the
 buggy form passes the check.  compute-sanitizer (on the GPU) sees it.
-design/sanitizer.md ("Known gaps") says what it would take.
+A wrapper that states the access (``npu_lifetime.sanitizer.declare_access``,
+the "declared" form: the bug kept, the access declared) makes it visible;
+design/sanitizer.md ("What it does not see") says what more it would take.
 """
 import torch
 
@@ -27,17 +29,25 @@ CASE = Case(
     producer="default", consumer="handle_stream", buffer="workspace",
     devices=("sim", "cuda"),
     gap="the library touches the workspace by raw pointer: no torch op, so no access the sanitizer sees",
+    forms=("buggy", "declared", "upstream", "record_use"),
+    also_buggy=("declared",),
 )
 
 NBYTES = 1 << 20
 
 
-def execute(lib, dev, workspace_ptr, out, handle_stream):
-    """cudnn execute(): writes its workspace, works a while, reads it back."""
+def execute(lib, dev, workspace, out, handle_stream, declare=False):
+    """cudnn execute(): writes its workspace, works a while, reads it back,
+    all by raw pointer; ``declare``: the wrapper states those accesses."""
     with dev.module.stream(handle_stream):
-        lib.fill(workspace_ptr, 0x3F, NBYTES, handle_stream)
+        lib.fill(workspace.data_ptr(), 0x3F, NBYTES, handle_stream)
         dev.slow()
-        lib.copy(out.data_ptr(), workspace_ptr, NBYTES, handle_stream)
+        lib.copy(out.data_ptr(), workspace.data_ptr(), NBYTES, handle_stream)
+        if declare:
+            from npu_lifetime.sanitizer import declare_access
+
+            declare_access(workspace, handle_stream, "write", "cudnn execute")
+            declare_access(out, handle_stream, "write", "cudnn execute")
 
 
 def program(dev, form):
@@ -53,7 +63,7 @@ def program(dev, form):
     else:
         workspace = torch.empty(NBYTES, dtype=torch.uint8, device=dev.type)  # on the ambient stream
     handle_stream.wait_stream(M.current_stream())  # the launch follows the ambient stream's work so far
-    execute(lib, dev, workspace.data_ptr(), out, handle_stream)
+    execute(lib, dev, workspace, out, handle_stream, declare=form == "declared")
     if form == "record_use":
         import npu_lifetime
 
