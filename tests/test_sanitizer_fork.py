@@ -55,7 +55,9 @@ PROGRAM = textwrap.dedent("""
     worker.join()
     san.disable()
     for name in os.listdir(dumps):
-        print(open(os.path.join(dumps, name)).read(), file=sys.stderr)
+        text = open(os.path.join(dumps, name)).read()
+        if text:
+            print("child", name, "hung:", text, file=sys.stderr)
     print("bad", bad)
 """)
 
