@@ -73,6 +73,20 @@ def test_cudagraph_trees_restore_checkpoints_with_live_outputs(allocator):
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_a_checkpoint_round_trip_keeps_the_pool_as_it_was(allocator):
+    """(issue 37) The shim checkpointed live blocks at their requested sizes:
+    the 5120 KiB block came back as 4608 KiB plus a free 512 KiB block and
+    allocated_bytes fell from 20971520 to 20447232; and it checkpointed a
+    pool it did not know as empty."""
+    r = run_program("entry_point_programs.py", "checkpoint_layout", allocator, timeout=300)
+    check_backend(r, allocator)
+    assert r["error"] is None
+    assert [(5120 << 10) in [size for _, size, _ in seg] for seg in r["before"]["layout"]].count(True) == 1, r
+    assert r["after"] == r["before"]
+    assert r["unknown_pool_refused"] and "pool" in r["unknown_pool_refused"].lower()
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_accelerator_statistics_and_the_memory_fraction_read_as_torchs(allocator):
     r = run_program("entry_point_programs.py", "stats_and_fraction", allocator)
     check_backend(r, allocator)

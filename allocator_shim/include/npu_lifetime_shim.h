@@ -105,6 +105,11 @@ void npl_empty_pool_cache(int device, uint64_t id0, uint64_t id1);
 /* The calling thread's next npl_alloc takes the cached memory at `ptr` (or
  * fails with a finding): how a pool checkpoint is restored through torch. */
 void npl_claim_next(void* ptr);
+/* Before a pool checkpoint is taken or restored (torch's getCheckpointState
+ * and setCheckpointPoolState): runs the frees a capture deferred, then
+ * answers 0 when the pool may be checkpointed, 1 when it was released (torch:
+ * "Not expected to checkpoint freeable graph"), 2 when no such pool is known. */
+int npl_prepare_pool_checkpoint(int device, uint64_t id0, uint64_t id1);
 /* Writes up to `capacity` live block addresses of the pool; returns how many there are. */
 size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_t* out, size_t capacity);
 /* torch.cuda.MemPool: a reference to the pool, created if new (no capture

@@ -31,6 +31,10 @@
 
 namespace npl {
 
+// Whether a graph pool may be checkpointed or restored (npl_prepare_pool_checkpoint).
+enum class PoolCheckpointable { yes = 0, freeable = 1, unknown = 2 };
+
+
 // On a function of the allocation or free path that a cached pair runs:
 // inlined where caching_allocator.cpp calls it (an out-of-line copy serves
 // the other files).
@@ -100,6 +104,9 @@ class CachingAllocator {
     void set_pool_use_on_oom(int device, PoolId id, bool on);
     void set_pool_no_split(int device, PoolId id);
     int pool_use_count(int device, PoolId id) const;
+    // Before a pool checkpoint (torch's getCheckpointState): runs the
+    // deferred frees, then says whether the pool can be checkpointed.
+    PoolCheckpointable prepare_pool_checkpoint(int device, PoolId id);
     // Every block, segments in address order (npl_block_records).
     std::vector<npl_block_record> block_records() const;
 

@@ -79,6 +79,7 @@ struct Shim {
     void (*set_pool_no_split)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
     void (*claim_next)(void*);
+    int (*prepare_pool_checkpoint)(int, uint64_t, uint64_t);
     void (*set_expandable)(int);
     int (*set_capture_reuse)(int);
 };
@@ -119,6 +120,7 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_set_pool_no_split", &s->set_pool_no_split, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
     find(lib, "npl_claim_next", &s->claim_next, &missing);
+    find(lib, "npl_prepare_pool_checkpoint", &s->prepare_pool_checkpoint, &missing);
     find(lib, "npl_set_expandable_segments", &s->set_expandable, &missing);
     find(lib, "npl_set_graph_capture_record_stream_reuse", &s->set_capture_reuse, &missing);
     dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
@@ -327,7 +329,9 @@ auto note_capture_reuse(Metadata& m, bool on, int) -> decltype(void(m.graph_capt
 template <typename Metadata>
 void note_capture_reuse(Metadata&, bool, long) {}
 
-// A pool's live blocks at a checkpoint: what setCheckpointPoolState re-creates.
+// A pool's live blocks at a checkpoint, each at its block's (rounded) size as
+// torch's PrivatePoolState keeps them: what setCheckpointPoolState re-creates.
+// The free blocks between them come back with them (what a claim leaves).
 struct PoolState : cca::AllocatorState {
     struct Live {
         void* ptr;
@@ -467,12 +471,13 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
     std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
+        check_checkpointable(device, id);
         auto state = std::make_shared<PoolState>();
         state->device = device;
         state->id = id;
         for (const npl_block_record& r : block_records(shim_)) {
             if (r.device == device && in_pool(r, id) && r.state == NPL_BLOCK_LIVE) {
-                state->live.push_back({r.address, static_cast<size_t>(r.requested), static_cast<cudaStream_t>(r.stream)});
+                state->live.push_back({r.address, static_cast<size_t>(r.size), static_cast<cudaStream_t>(r.stream)});
             }
         }
         return state;
@@ -487,6 +492,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         auto* state = dynamic_cast<PoolState*>(pps.get());
         TORCH_CHECK(state != nullptr && state->device == device,
                     "npu_lifetime: a pool checkpoint taken by another allocator, or on another device");
+        check_checkpointable(device, state->id);
         cca::CheckpointDelta delta;
         for (const npl_block_record& r : block_records(shim_)) {
             if (r.device == device && in_pool(r, state->id) && r.state == NPL_BLOCK_LIVE) {
@@ -505,6 +511,14 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
    private:
+    // torch's checks before a checkpoint is taken or restored, after the
+    // frees a capture deferred are done (npl_prepare_pool_checkpoint).
+    void check_checkpointable(c10::DeviceIndex device, MempoolId_t id) const {
+        int verdict = shim_.prepare_pool_checkpoint(device, id.first, id.second);
+        TORCH_CHECK(verdict != 1, "npu_lifetime: Not expected to checkpoint freeable graph");
+        TORCH_CHECK(verdict == 0, "npu_lifetime: Could not find pool of id (", id.first, ", ", id.second, ")");
+    }
+
     // torch's expandable_segments setting (PYTORCH_CUDA_ALLOC_CONF, or
     // torch.cuda.memory._set_allocator_settings at run time) as the shim's,
     // read at each allocation as torch's allocator reads it; the shim is told

@@ -226,6 +226,51 @@ def checkpoint_restore(allocator):
     return {**info, "same": same, "error": error, "checkpoints": checkpoints, "findings": findings(allocator)}
 
 
+def _pool_layout(pool) -> list:
+    """The pool's blocks as (offset in its segment, size, state), segments by size."""
+    segments = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", ())) == tuple(pool)]
+    return sorted([(b["address"] - seg["address"], b["size"], b["state"]) for b in seg["blocks"]]
+                  for seg in segments)
+
+
+def checkpoint_layout(allocator):
+    """(issue 37) A pool checkpoint taken and restored with its tensors alive
+    (as cudagraph trees restore one, their storages rewired): the layout and
+    allocated_bytes come back as they were.  A 20 MiB segment holds 7.5 MiB,
+    7.5 MiB and 4608 KiB in the last 5120 KiB (a block too small to split)."""
+    info = setup(allocator)
+    pool = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        kept = [torch.empty(n << 10, dtype=torch.uint8, device="cuda") for n in (7680, 7680, 4608)]
+    torch.cuda.synchronize()
+    before = {"layout": _pool_layout(pool), "allocated": torch.cuda.memory_allocated()}
+    state = torch._C._cuda_getCheckpointState(0, pool)
+    refs = [t.untyped_storage()._weak_ref() for t in kept]
+    error = None
+    try:
+        torch._C._cuda_setCheckpointPoolState(0, state, [], refs)
+    except RuntimeError as err:
+        error = str(err)[:2000]
+    after = {"layout": _pool_layout(pool), "allocated": torch.cuda.memory_allocated()}
+    refused = None
+    del graph, kept
+    torch.cuda.synchronize()
+    gc_collect()
+    try:
+        torch._C._cuda_getCheckpointState(0, (12345, 6789))  # a pool never made
+    except RuntimeError as err:
+        refused = str(err)[:300]
+    return {**info, "before": before, "after": after, "error": error, "unknown_pool_refused": refused,
+            "findings": findings(allocator)}
+
+
+def gc_collect():
+    import gc
+
+    gc.collect()
+
+
 def stats_and_fraction(allocator):
     """torch's test_memory_stats and test_get_per_process_memory_fraction:
     torch.accelerator's statistics (C++ getDeviceStats) follow a 1 KiB
