@@ -72,6 +72,20 @@ def test_cudagraph_trees_restore_checkpoints_with_live_outputs(allocator):
     assert r["checkpoints"] >= 1  # a restore really happened
 
 
+def test_memory_history_entries_match_torchs_one_for_one():
+    """(issue 37) For one randn(1 << 20) and its del torch records
+    segment_alloc, alloc, free_requested, free_completed; the shim recorded
+    the last three only.  The same program under both allocators, each in a
+    fresh process: the same actions with the same sizes, in the same order
+    (alloc/free, segment alloc/free, the out-of-memory path, empty_cache)."""
+    native = run_program("entry_point_programs.py", "history_sequence", "native")
+    shim = run_program("entry_point_programs.py", "history_sequence", "shim")
+    check_backend(shim, "shim")
+    assert native["oom"] and shim["oom"]
+    assert [a for a, _ in native["entries"][:4]] == ["segment_alloc", "alloc", "free_requested", "free_completed"]
+    assert shim["entries"] == native["entries"]
+
+
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_a_checkpoint_round_trip_keeps_the_pool_as_it_was(allocator):
     """(issue 37) The shim checkpointed live blocks at their requested sizes:

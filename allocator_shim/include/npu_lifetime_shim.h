@@ -124,6 +124,24 @@ void npl_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_
  * of its segments holds one block. */
 void npl_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
 
+/* torch's memory history (_record_memory_history) as torch's allocator
+ * records it, the actions only the allocator sees, each as it happens:
+ * a segment from the runtime or back to it, pages of an expandable segment
+ * mapped or unmapped, and a free once complete (its events fired; size:
+ * what the owner asked for).  The hook runs under the allocator's lock and
+ * must not call into the shim; NULL turns it off.  The CUDA bridge records
+ * ALLOC, FREE_REQUESTED and OOM around npl_alloc / npl_free itself. */
+enum npl_history_action {
+    NPL_HISTORY_SEGMENT_ALLOC = 0,
+    NPL_HISTORY_SEGMENT_FREE = 1,
+    NPL_HISTORY_SEGMENT_MAP = 2,
+    NPL_HISTORY_SEGMENT_UNMAP = 3,
+    NPL_HISTORY_FREE_COMPLETED = 4
+};
+typedef void (*npl_history_hook)(int action, void* ptr, uint64_t size, int device, void* stream, uint64_t pool_id0,
+                                 uint64_t pool_id1, void* ctx);
+void npl_set_history_hook(npl_history_hook hook, void* ctx);
+
 /* Every block of every segment, segments in address order and each
  * segment's blocks in address order: what torch's snapshot() and
  * cacheInfo() are built from (the torch bridge). */

@@ -443,6 +443,10 @@ NPL_EXPORT void npl_reset(void) {
     });
 }
 
+NPL_EXPORT void npl_set_history_hook(npl_history_hook hook, void* ctx) {
+    guarded_void("set_history_hook", [&] { shim().allocator.set_history_hook(hook, ctx); });
+}
+
 NPL_EXPORT void npl_set_hooks(npl_alloc_hook on_alloc, npl_free_hook on_free, void* ctx) {
     guarded_void("set_hooks", [&] { shim().hooks.set(on_alloc, on_free, ctx); });
 }

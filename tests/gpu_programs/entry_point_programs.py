@@ -265,6 +265,31 @@ def checkpoint_layout(allocator):
             "findings": findings(allocator)}
 
 
+def history_sequence(allocator):
+    """(issue 37) torch's memory history for: one randn(1 << 20) and its
+    del, an allocation too large for the device (the cached segment goes
+    back, then the OOM), the randn again and empty_cache: each entry's
+    action and size, in order."""
+    info = setup(allocator)
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    x = torch.randn(1 << 20, device="cuda")
+    del x
+    oom = False
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        oom = True
+    y = torch.randn(1 << 20, device="cuda")
+    del y
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    traces = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    entries = [[e["action"], e["size"]] for e in traces]
+    return {**info, "entries": entries, "oom": oom, "findings": findings(allocator)}
+
+
 def gc_collect():
     import gc
 
