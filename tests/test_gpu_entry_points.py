@@ -83,7 +83,9 @@ def test_memory_history_entries_match_torchs_one_for_one():
     check_backend(shim, "shim")
     assert native["oom"] and shim["oom"]
     assert [a for a, _ in native["entries"][:4]] == ["segment_alloc", "alloc", "free_requested", "free_completed"]
-    assert shim["entries"] == native["entries"]
+    assert [a for a, _ in shim["entries"]] == [a for a, _ in native["entries"]]
+    # sizes too, but the snapshot's (bytes active then: what else the process holds)
+    assert [e for e in shim["entries"] if e[0] != "snapshot"] == [e for e in native["entries"] if e[0] != "snapshot"]
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)

@@ -313,6 +313,12 @@ class History {
             add(cca::TraceEntry::OOM, device, reinterpret_cast<void*>(free_bytes), rounded, stream, nullptr);
         }
     }
+    // As torch's allocator, each snapshot is an entry of each device's trace.
+    void on_snapshot(int device, size_t active_bytes, MempoolId_t pool) {
+        if (!enabled()) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        if (enabled()) add(cca::TraceEntry::SNAPSHOT, device, nullptr, active_bytes, nullptr, nullptr, pool);
+    }
     std::shared_ptr<c10::GatheredContext> allocated_at(void* ptr) {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = contexts_.find(ptr);
@@ -522,8 +528,10 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override {
         cca::SnapshotInfo info;
         std::map<void*, size_t> segment_index;  // segment base -> its place in info.segments
+        std::map<int, size_t> active;           // device -> bytes live or pending: torch's SNAPSHOT entry
         for (const npl_block_record& r : block_records(shim_)) {
             if ((id.first != 0 || id.second != 0) && !in_pool(r, id)) continue;
+            if (r.state != NPL_BLOCK_CACHED) active[r.device] += r.size;
             auto found = segment_index.find(r.segment);
             if (found == segment_index.end()) {
                 found = segment_index.emplace(r.segment, info.segments.size()).first;
@@ -531,6 +539,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
             }
             add_block(info.segments[found->second], r);
         }
+        for (int device = 0; device < c10::cuda::device_count(); ++device) history_->on_snapshot(device, active[device], id);
         if (include_traces) info.device_traces = history_->traces(c10::cuda::device_count());
         info.config_metadata.last_allocator_settings = "npu_lifetime shim";
         note_capture_reuse(info.config_metadata, torch_capture_reuse<cca::CUDAAllocatorConfig>(0), 0);
