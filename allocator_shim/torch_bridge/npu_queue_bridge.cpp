@@ -154,7 +154,7 @@ void learn_allocation_stream(int device, aclrtStream handle) {
     if (!known(handle, &s)) {
         c10_npu::NPUStream current = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
         if (current.stream(false) != handle) {  // raw_alloc_with_stream on another stream: met later, or not
-            if (!find(handle, &current)) learn_foreign_device(handle, device);
+            if (foreign_device(handle) < 0 && !find(handle, &current)) learn_foreign_device(handle, device);
             return;
         }
         remember(current);
