@@ -234,8 +234,9 @@ def _pool_layout(pool) -> list:
 
 
 def checkpoint_layout(allocator):
-    """(issue 37) A pool checkpoint taken and restored with its tensors alive
-    (as cudagraph trees restore one, their storages rewired): the layout and
+    """(issue 37) A pool checkpoint taken, its tensors freed, and restored as
+    cudagraph trees restore one (the blocks allocated again and handed to
+    storages that do not own memory, as graph outputs are): the layout and
     allocated_bytes come back as they were.  A 20 MiB segment holds 7.5 MiB,
     7.5 MiB and 4608 KiB in the last 5120 KiB (a block too small to split)."""
     info = setup(allocator)
@@ -246,22 +247,27 @@ def checkpoint_layout(allocator):
     torch.cuda.synchronize()
     before = {"layout": _pool_layout(pool), "allocated": torch.cuda.memory_allocated()}
     state = torch._C._cuda_getCheckpointState(0, pool)
-    refs = [t.untyped_storage()._weak_ref() for t in kept]
+    outputs = [torch._C._construct_storage_from_data_pointer(t.data_ptr(), t.device, t.untyped_storage().nbytes())
+               for t in kept]  # no deleter, as cudagraph trees' outputs
+    del kept
+    torch.cuda.synchronize()
+    freed = {"allocated": torch.cuda.memory_allocated()}
     error = None
     try:
-        torch._C._cuda_setCheckpointPoolState(0, state, [], refs)
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [s._cdata for s in outputs])
     except RuntimeError as err:
         error = str(err)[:2000]
     after = {"layout": _pool_layout(pool), "allocated": torch.cuda.memory_allocated()}
     refused = None
-    del graph, kept
+    del graph, outputs
     torch.cuda.synchronize()
     gc_collect()
     try:
         torch._C._cuda_getCheckpointState(0, (12345, 6789))  # a pool never made
     except RuntimeError as err:
         refused = str(err)[:300]
-    return {**info, "before": before, "after": after, "error": error, "unknown_pool_refused": refused,
+    return {**info, "before": before, "freed": freed, "after": after, "error": error,
+            "unknown_pool_refused": refused,
             "findings": findings(allocator)}
 
 
