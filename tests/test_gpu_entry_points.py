@@ -72,6 +72,37 @@ def test_cudagraph_trees_restore_checkpoints_with_live_outputs(allocator):
     assert r["checkpoints"] >= 1  # a restore really happened
 
 
+def test_memory_history_entries_match_torchs_one_for_one():
+    """(issue 37) For one randn(1 << 20) and its del torch records
+    segment_alloc, alloc, free_requested, free_completed; the shim recorded
+    the last three only.  The same program under both allocators, each in a
+    fresh process: the same actions with the same sizes, in the same order
+    (alloc/free, segment alloc/free, the out-of-memory path, empty_cache)."""
+    native = run_program("entry_point_programs.py", "history_sequence", "native")
+    shim = run_program("entry_point_programs.py", "history_sequence", "shim")
+    check_backend(shim, "shim")
+    assert native["oom"] and shim["oom"]
+    assert [a for a, _ in native["entries"][:4]] == ["segment_alloc", "alloc", "free_requested", "free_completed"]
+    assert [a for a, _ in shim["entries"]] == [a for a, _ in native["entries"]]
+    # sizes too, but the snapshot's (bytes active then: what else the process holds)
+    assert [e for e in shim["entries"] if e[0] != "snapshot"] == [e for e in native["entries"] if e[0] != "snapshot"]
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_a_checkpoint_round_trip_keeps_the_pool_as_it_was(allocator):
+    """(issue 37) The shim checkpointed live blocks at their requested sizes:
+    the 5120 KiB block came back as 4608 KiB plus a free 512 KiB block and
+    allocated_bytes fell from 20971520 to 20447232; and it checkpointed a
+    pool it did not know as empty."""
+    r = run_program("entry_point_programs.py", "checkpoint_layout", allocator, timeout=300)
+    check_backend(r, allocator)
+    assert r["error"] is None
+    assert [(5120 << 10) in [size for _, size, _ in seg] for seg in r["before"]["layout"]].count(True) == 1, r
+    assert r["freed"]["allocated"] < r["before"]["allocated"]  # the restore really allocated them again
+    assert r["after"] == r["before"]
+    assert r["unknown_pool_refused"] and "pool" in r["unknown_pool_refused"].lower()
+
+
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_accelerator_statistics_and_the_memory_fraction_read_as_torchs(allocator):
     r = run_program("entry_point_programs.py", "stats_and_fraction", allocator)

@@ -90,3 +90,16 @@ def test_expandable_segments_from_the_npu_alloc_conf():
     assert r["expandable_setting"] and r["findings"] == [], r
     assert r["large_segments"] == r["large_expandable"] == 1 and r["in_place"] and r["values_ok"], r
     assert r["reserved_after"] < r["reserved_before"]
+
+
+@requires_standin
+def test_the_bridges_fallbacks_for_a_foreign_stream_synchronise_its_device():
+    """(issue 37) For a stream torch_npu does not manage, event_record,
+    stream_synchronize and stream_drain synchronised the current device (0),
+    not the stream's (1): the stream's work was still running after them."""
+    r = run("foreign_stream_device", env={"NPU_STANDIN_DEVICES": "2"})
+    assert r["codes"] == {op: 0 for op in r["done"]}
+    assert r["done"] == {"event_record": True, "stream_synchronize": True, "stream_drain": True,
+                         "stream_synchronize_never_met": True}
+    assert r["current_device"] == 0 and r["acl_current_device"] == 0  # set back after each
+    assert r["findings"] == []

@@ -95,3 +95,23 @@ def test_the_runtime_cannot_change_while_memory_is_held(acl_shim):
     with pytest.raises(ShimError, match="while the allocator holds memory"):
         shim.select_runtime("sim")
     shim.free(p, 64, 0, STREAM)
+
+
+def test_events_follow_canns_documented_protocol(acl_shim):
+    """(issue 37) The plain ACL runtime made its events with aclrtCreateEvent
+    and re-recorded them while a record (and a wait on it) could still be
+    pending; CANN documents "a wait keeps the record it saw" only for
+    aclrtCreateEventExWithFlag events (record -> wait -> reset for plain
+    ones).  Under stream_wait a block is handed out behind a wait on its
+    pending event, whose event then goes back to the idle events."""
+    shim.set_policy("stream_wait")
+    for _ in range(4):
+        p = shim.alloc(4096, 0, STREAM)
+        shim.record_use(p, OTHER)
+        acl_shim.fake_acl_launch(OTHER)  # OTHER still works on p: its events stay pending
+        shim.free(p, 4096, 0, STREAM)
+    assert shim.findings() == []
+    assert acl_shim.fake_acl_calls(b"aclrtRecordEvent") >= 4
+    # before: 3 re-records of a pending plain event, no ExWithFlag event
+    assert acl_shim.fake_acl_calls(b"plain event re-recorded while pending") == 0
+    assert acl_shim.fake_acl_calls(b"aclrtCreateEventExWithFlag") >= 1

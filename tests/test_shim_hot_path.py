@@ -166,3 +166,48 @@ def test_a_pending_claim_comes_before_the_unmerged_block(sim_shim):
     assert shim.stats()["unmerged_reuses"] == 0
     check_invariants()
     del keep, b
+
+
+# ---- issue 37, item 11: the walks on the hot path --------------------------------------------------------
+
+def test_an_event_poll_keeps_only_streams_with_pending_events(sim_shim):
+    """Each poll walked every stream ever seen (an empty FIFO stayed per
+    stream); now a stream's FIFO goes once its last event fired, which the
+    invariant checker states (before: 'keeps an empty event FIFO')."""
+    streams = [0x7000 + 16 * i for i in range(40)]
+    blocks = []
+    for s in streams:
+        p = sim_shim.alloc(4096, 0, S1)
+        sim_shim.record_stream(p, s)
+        sim_shim.sim.launch(s)
+        sim_shim.free(p, 4096, 0, S1)
+        blocks.append(p)
+    assert sim_shim.stats()["pending.all.current"] == len(streams)
+    for s in streams[:-1]:
+        sim_shim.sim.complete(s)
+    sim_shim.process_events()
+    assert sim_shim.stats()["pending.all.current"] == 1
+    check_invariants()
+    sim_shim.sim.complete(streams[-1])
+    sim_shim.process_events()
+    assert sim_shim.stats()["pending.all.current"] == 0
+    check_invariants()
+
+
+def test_an_expandable_segments_last_block_is_kept_through_growth_and_shrinking(sim_shim):
+    """Found in O(1) (Segment::last) where every block was walked; the
+    checker states that it names the real last block after each step."""
+    sim_shim.set_expandable_segments(True)
+    try:
+        live = []
+        for size in (3 << 20, 5 << 20, 1 << 20, 7 << 20, 2 << 20):
+            live.append((sim_shim.alloc(size, 0, S1), size))
+            check_invariants()
+        for p, size in live[1::2] + live[::2]:
+            sim_shim.free(p, size, 0, S1)
+            check_invariants()
+            sim_shim.empty_cache()
+            check_invariants()
+    finally:
+        sim_shim.set_expandable_segments(False)
+    assert sim_shim.findings() == []

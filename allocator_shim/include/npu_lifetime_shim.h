@@ -120,6 +120,11 @@ void npl_empty_pool_cache(int device, uint64_t id0, uint64_t id1);
 /* The calling thread's next npl_alloc takes the cached memory at `ptr` (or
  * fails with a finding): how a pool checkpoint is restored through torch. */
 void npl_claim_next(void* ptr);
+/* Before a pool checkpoint is taken or restored (torch's getCheckpointState
+ * and setCheckpointPoolState): runs the frees a capture deferred, then
+ * answers 0 when the pool may be checkpointed, 1 when it was released (torch:
+ * "Not expected to checkpoint freeable graph"), 2 when no such pool is known. */
+int npl_prepare_pool_checkpoint(int device, uint64_t id0, uint64_t id1);
 /* Writes up to `capacity` live block addresses of the pool; returns how many there are. */
 size_t npl_pool_live_allocations(int device, uint64_t id0, uint64_t id1, uint64_t* out, size_t capacity);
 /* torch.cuda.MemPool: a reference to the pool, created if new (no capture
@@ -133,6 +138,24 @@ void npl_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_
 /* torch.cuda.MemPool(no_split=True): the pool never splits a block, so each
  * of its segments holds one block. */
 void npl_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
+
+/* torch's memory history (_record_memory_history) as torch's allocator
+ * records it, the actions only the allocator sees, each as it happens:
+ * a segment from the runtime or back to it, pages of an expandable segment
+ * mapped or unmapped, and a free once complete (its events fired; size:
+ * what the owner asked for).  The hook runs under the allocator's lock and
+ * must not call into the shim; NULL turns it off.  The CUDA bridge records
+ * ALLOC, FREE_REQUESTED and OOM around npl_alloc / npl_free itself. */
+enum npl_history_action {
+    NPL_HISTORY_SEGMENT_ALLOC = 0,
+    NPL_HISTORY_SEGMENT_FREE = 1,
+    NPL_HISTORY_SEGMENT_MAP = 2,
+    NPL_HISTORY_SEGMENT_UNMAP = 3,
+    NPL_HISTORY_FREE_COMPLETED = 4
+};
+typedef void (*npl_history_hook)(int action, void* ptr, uint64_t size, int device, void* stream, uint64_t pool_id0,
+                                 uint64_t pool_id1, void* ctx);
+void npl_set_history_hook(npl_history_hook hook, void* ctx);
 
 /* Every block of every segment, segments in address order and each
  * segment's blocks in address order: what torch's snapshot() and

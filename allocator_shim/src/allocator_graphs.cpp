@@ -81,6 +81,16 @@ int CachingAllocator::pool_use_count(int device, PoolId id) const {
     return graph_pools_.use_count(device, id);
 }
 
+// As torch's getCheckpointState: frees deferred by a capture are done first
+// (their blocks belong in the checkpoint as free), and only a pool that still
+// has references may be checkpointed or restored.
+PoolCheckpointable CachingAllocator::prepare_pool_checkpoint(int device, PoolId id) {
+    Locked lock(this);
+    if (rt_ != nullptr && !graph_pools_.any_capture_underway()) process_deferred();
+    if (!graph_pools_.known(device, id)) return PoolCheckpointable::unknown;
+    return graph_pools_.use_count(device, id) > 0 ? PoolCheckpointable::yes : PoolCheckpointable::freeable;
+}
+
 void CachingAllocator::unknown_pool(const char* op, int device, PoolId id) {
     Finding f;
     f.kind = "invalid_argument";

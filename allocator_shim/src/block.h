@@ -137,6 +137,7 @@ struct Segment {
     // An expandable segment's address range (expansion.h; its `size` is the
     // mapped part); nullptr for a plain segment.  Owned: released with it.
     Expansion* expansion = nullptr;
+    Block* last = nullptr;  // its last block: an expandable segment grows and shrinks there (O(1))
 };
 
 // The cached blocks of one (device, stream, size class, graph pool).

@@ -266,6 +266,17 @@ void CachingAllocator::runtime_error(const char* op, int code, const Block* b, S
     report(std::move(f));
 }
 
+void CachingAllocator::history_segment(npl_history_action action, const Segment* seg, const void* ptr,
+                                       size_t size) {
+    history(action, ptr, size, seg->device, seg->stream, seg->pool_id);
+}
+
+void CachingAllocator::set_history_hook(npl_history_hook hook, void* ctx) {
+    Locked lock(this);
+    history_hook_ = hook;
+    history_ctx_ = ctx;
+}
+
 void CachingAllocator::trace_add(TraceKind kind, const Block* b, Stream stream, const void* ptr) {
     if (b == nullptr) {
         trace_.add(kind, -1, ptr, 0, stream, nullptr, 0);
@@ -513,12 +524,14 @@ Block* CachingAllocator::try_new_segment(Pool* p, size_t size, Status* status, i
     if (*status != Status::ok) return nullptr;
     Block* b = new_block();
     b->pool = p;
-    segments_.add(static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, b)->source = source;
+    Segment* seg = segments_.add(static_cast<char*>(ptr), bytes, p->device, p->stream, p->small, p->id, b);
+    seg->source = source;
     DeviceStats& st = dstats(p->device);
     st.add(StatId::segment, p->small, 1);
     st.add(StatId::reserved_bytes, p->small, static_cast<int64_t>(bytes));
     st.count(CounterId::num_device_alloc);
     trace(TraceKind::segment_alloc, b, nullptr);
+    history_segment(NPL_HISTORY_SEGMENT_ALLOC, seg, seg->base, seg->size);
     split(b, size);
     return b;
 }
@@ -736,6 +749,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     trace(TraceKind::free, b, nullptr);
     if (b->uses.empty() && b->held.empty() && !quarantine_.enabled()) {  // nothing to wait for (finish_free's
         trace(TraceKind::reusable, b, nullptr);                          // outcome, without its steps)
+        history(NPL_HISTORY_FREE_COMPLETED, b->ptr, b->requested, b->device, b->stream, b->pool->id);
         if (!leave_unmerged(b)) cache_block(b);
         return;
     }
@@ -940,6 +954,7 @@ void CachingAllocator::settle(Block* b) {
 
 void CachingAllocator::release(Block* b) {
     trace(TraceKind::reusable, b, nullptr);
+    history(NPL_HISTORY_FREE_COMPLETED, b->ptr, b->requested, b->device, b->stream, b->pool->id);
     if (quarantine_.enabled() && b->pool->id.eager()) {
         quarantine(b);
         return;

@@ -31,6 +31,10 @@
 
 namespace npl {
 
+// Whether a graph pool may be checkpointed or restored (npl_prepare_pool_checkpoint).
+enum class PoolCheckpointable { yes = 0, freeable = 1, unknown = 2 };
+
+
 // On a function of the allocation or free path that a cached pair runs:
 // inlined where caching_allocator.cpp calls it (an out-of-line copy serves
 // the other files).
@@ -114,6 +118,9 @@ class CachingAllocator {
     void set_pool_use_on_oom(int device, PoolId id, bool on);
     void set_pool_no_split(int device, PoolId id);
     int pool_use_count(int device, PoolId id) const;
+    // Before a pool checkpoint (torch's getCheckpointState): runs the
+    // deferred frees, then says whether the pool can be checkpointed.
+    PoolCheckpointable prepare_pool_checkpoint(int device, PoolId id);
     // Every block, segments in address order (npl_block_records).
     std::vector<npl_block_record> block_records() const;
 
@@ -121,6 +128,8 @@ class CachingAllocator {
     void claim_next(void* ptr);
 
     void process_events();
+    // torch's memory history's allocator-side actions (npl_set_history_hook).
+    void set_history_hook(npl_history_hook hook, void* ctx);
     // {0, 0}: every fully free segment; another id: that graph pool's, on `device` (< 0: every device).
     void empty_cache(PoolId id = PoolId{}, int device = -1);
     void stats(int device, uint64_t* out) const;
@@ -290,6 +299,12 @@ class CachingAllocator {
         if (__builtin_expect(trace_.enabled(), 0)) trace_add(kind, b, stream, ptr);
     }
     void trace_add(TraceKind kind, const Block* b, Stream stream, const void* ptr);
+    void history(npl_history_action action, const void* ptr, size_t size, int device, Stream stream, PoolId id) {
+        if (__builtin_expect(history_hook_ != nullptr, 0)) {
+            history_hook_(action, const_cast<void*>(ptr), size, device, stream, id.first, id.second, history_ctx_);
+        }
+    }
+    void history_segment(npl_history_action action, const Segment* seg, const void* ptr, size_t size);
     void note_oom(int device, size_t size, size_t rounded, Stream stream, int code, const char* why);
 
     FindingQueue& findings_;
@@ -312,6 +327,8 @@ class CachingAllocator {
     GraphPools graph_pools_;
     Quarantine quarantine_;
     TraceRing trace_;
+    npl_history_hook history_hook_ = nullptr;  // set and called under mu_
+    void* history_ctx_ = nullptr;
     std::deque<DeviceStats> stats_;  // a deque: pools keep pointers into it
     std::vector<double> fractions_;  // per device, as torch's: 1 (the default) the whole device, 0 nothing
     static thread_local char* claim_;

@@ -25,8 +25,8 @@ std::vector<Block*> EventQueues::unqueue_all() {
             pe.block->gates = 0;
             blocks.push_back(pe.block);
         }
-        entry.second.clear();
     }
+    fifos_.clear();
     pending_ = 0;
     return blocks;
 }
@@ -37,6 +37,7 @@ void EventQueues::check(const std::function<void(const std::string&)>& fail,
     // The FIFOs hold exactly the gating events of pending blocks, in record order.
     std::unordered_map<const Block*, uint32_t> entries;
     for (const auto& entry : fifos_) {
+        if (entry.second.empty()) fail("stream " + hex(entry.first) + " keeps an empty event FIFO (a poll walks it)");
         const Entry* prev_entry = nullptr;
         for (const Entry& pe : entry.second) {
             const Block* b = pe.block;

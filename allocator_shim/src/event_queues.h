@@ -22,6 +22,8 @@
 // - pending_blocks() is the number of blocks with entries, which are
 //   exactly the pending blocks (the walk of the segments counts them).
 // - The deferred list holds exactly the deferred blocks, each once.
+// - Only streams with entries have a FIFO: a poll walks the streams with
+//   pending events, not every stream ever seen.
 // - An idle event is held by no block (checked by invariants.cpp with every
 //   event the blocks hold: for_each_idle()).
 // ---------------------------------------------------------------------------
@@ -31,6 +33,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -132,9 +135,13 @@ class EventQueues {
 template <typename Skip, typename Fired>
 std::vector<Block*> EventQueues::poll(Skip skip, Fired fired) {
     std::vector<Block*> ready;
-    for (auto& entry : fifos_) {
+    for (auto it = fifos_.begin(); it != fifos_.end();) {
+        auto& entry = *it;
         std::deque<Entry>& fifo = entry.second;
-        if (!fifo.empty() && skip(entry.first)) continue;
+        if (skip(entry.first)) {
+            ++it;
+            continue;
+        }
         while (!fifo.empty()) {
             const Entry head = fifo.front();
             if (!fired(entry.first, head.event, head.block)) break;
@@ -151,6 +158,7 @@ std::vector<Block*> EventQueues::poll(Skip skip, Fired fired) {
                 ready.push_back(b);
             }
         }
+        it = fifo.empty() ? fifos_.erase(it) : std::next(it);
     }
     return ready;
 }

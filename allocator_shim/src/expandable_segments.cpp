@@ -150,6 +150,7 @@ Segment* CachingAllocator::first_pages(Pool* p, size_t size, Status* status, int
     expansions_++;
     count_mapped(seg, static_cast<int64_t>(bytes));
     trace(TraceKind::segment_alloc, b, nullptr);
+    history_segment(NPL_HISTORY_SEGMENT_MAP, seg, seg->base, bytes);  // torch: every mapping is a map
     return seg;
 }
 
@@ -164,6 +165,7 @@ Block* CachingAllocator::more_pages(Segment* seg, size_t bytes, Status* status, 
     Block* added = new_block();
     Segments::append(seg, bytes, added);
     count_mapped(seg, static_cast<int64_t>(bytes));
+    history_segment(NPL_HISTORY_SEGMENT_MAP, seg, added->ptr, bytes);
     return added;
 }
 
@@ -200,6 +202,7 @@ bool CachingAllocator::shrink_expandable(Segment* seg) {
     size_t bytes = seg->size - e->mapped();
     if (bytes == 0) return false;
     count_mapped(seg, -static_cast<int64_t>(bytes));
+    history_segment(NPL_HISTORY_SEGMENT_UNMAP, seg, seg->base + e->mapped(), bytes);
     if (e->mapped() == 0) return forget_expansion(seg);
     pool_erase(tail);
     if (Block* gone = Segments::truncate(seg, seg->base + e->mapped())) {

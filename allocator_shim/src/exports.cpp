@@ -274,6 +274,12 @@ NPL_EXPORT int npl_pool_use_count(int device, uint64_t id0, uint64_t id1) {
     return guarded("pool_use_count", 0, [&] { return shim().allocator.pool_use_count(device, pool_id(id0, id1)); });
 }
 
+NPL_EXPORT int npl_prepare_pool_checkpoint(int device, uint64_t id0, uint64_t id1) {
+    return guarded("prepare_pool_checkpoint", static_cast<int>(npl::PoolCheckpointable::unknown), [&] {
+        return static_cast<int>(shim().allocator.prepare_pool_checkpoint(device, pool_id(id0, id1)));
+    });
+}
+
 NPL_EXPORT size_t npl_block_records(npl_block_record* out, size_t capacity) {
     return guarded("block_records", static_cast<size_t>(0), [&] {
         std::vector<npl_block_record> records = shim().allocator.block_records();
@@ -456,6 +462,10 @@ NPL_EXPORT void npl_reset(void) {
         shim().findings.clear();
         npl::sim::reset_streams();
     });
+}
+
+NPL_EXPORT void npl_set_history_hook(npl_history_hook hook, void* ctx) {
+    guarded_void("set_history_hook", [&] { shim().allocator.set_history_hook(hook, ctx); });
 }
 
 NPL_EXPORT void npl_set_hooks(npl_alloc_hook on_alloc, npl_free_hook on_free, void* ctx) {

@@ -248,6 +248,7 @@ bool CachingAllocator::release_segment(Segment* seg) {
         return false;
     }
     trace(TraceKind::segment_free, b, nullptr);
+    history_segment(NPL_HISTORY_SEGMENT_FREE, seg, seg->base, seg->size);
     pool_erase(b);
     recycle_block(b);
     DeviceStats& st = dstats(seg->device);

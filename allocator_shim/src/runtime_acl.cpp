@@ -28,11 +28,13 @@ constexpr int kEventComplete = 1;                // ACL_EVENT_RECORDED_STATUS_CO
 constexpr int kCaptureNone = 0;                  // ACL_MODEL_RI_CAPTURE_STATUS_NONE
 constexpr int kMemcpyDeviceToHost = 2;           // ACL_MEMCPY_DEVICE_TO_HOST
 constexpr int kHbmMem = 1;                       // ACL_HBM_MEM
+constexpr uint32_t kEventFlags = 0x2;            // ACL_EVENT_CAPTURE_STREAM_PROGRESS, as torch_npu's NPUEvent
 
 struct Api {
     aclError (*Malloc)(void**, size_t, int);
     aclError (*Free)(void*);
     aclError (*CreateEvent)(void**);
+    aclError (*CreateEventExWithFlag)(void**, uint32_t);  // optional (CANN 8 and later)
     aclError (*DestroyEvent)(void*);
     aclError (*RecordEvent)(void*, void*);
     aclError (*QueryEventStatus)(void*, int*);
@@ -71,8 +73,16 @@ Status acl_free(void* ptr, int device, int* code) {
         return err != kSuccess ? err : api.Free(ptr);
     });
 }
+// The allocator re-records an idle event while a stream may still wait on
+// its last record (a block reused behind a wait).  CANN documents that a
+// wait keeps the record it saw only for aclrtCreateEventExWithFlag events
+// (plain aclrtCreateEvent ones: record -> wait -> reset), so those are made
+// where the library has them, with torch_npu's NPUEvent flag.
 Status acl_event_create(Event* event, int device, int* code) {
-    return on_device(device, code, [&] { return api.CreateEvent(event); });
+    return on_device(device, code, [&] {
+        return api.CreateEventExWithFlag != nullptr ? api.CreateEventExWithFlag(event, kEventFlags)
+                                                    : api.CreateEvent(event);
+    });
 }
 Status acl_event_destroy(Event event, int, int* code) { return status_of(api.DestroyEvent(event), code); }
 Status acl_event_record(Event event, Stream stream, int* code) {
@@ -292,6 +302,8 @@ bool load(const char* library_path, std::string* why) {
     ok &= resolve(h, "aclrtSetDevice", &api.SetDevice, why);
     api.CaptureGetInfo = reinterpret_cast<aclError (*)(void*, int*, void**)>(
         resolve_symbol(h, "aclmdlRICaptureGetInfo"));
+    api.CreateEventExWithFlag =
+        reinterpret_cast<aclError (*)(void**, uint32_t)>(resolve_symbol(h, "aclrtCreateEventExWithFlag"));
     load_virtual_memory(h);
     return ok;
 }

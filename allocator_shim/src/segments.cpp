@@ -16,6 +16,7 @@ Segment* Segments::add(char* base, size_t size, int device, Stream stream, bool 
     first->small = small;
     first->segment = seg;
     seg->first = first;
+    seg->last = first;
     map_[seg->base] = seg;
     return seg;
 }
@@ -40,11 +41,7 @@ void Segments::cut_front(Block* b, char* at, Block* front) {
     b->size -= front->size;
 }
 
-Block* Segments::last(const Segment* seg) {
-    Block* b = seg->first;
-    while (b->next != nullptr) b = b->next;
-    return b;
-}
+Block* Segments::last(const Segment* seg) { return seg->last; }
 
 void Segments::append(Segment* seg, size_t bytes, Block* added) {
     Block* tail = last(seg);
@@ -58,6 +55,7 @@ void Segments::append(Segment* seg, size_t bytes, Block* added) {
     added->prev = tail;
     added->next = nullptr;
     tail->next = added;
+    seg->last = added;
     seg->size += bytes;
 }
 
@@ -69,6 +67,7 @@ Block* Segments::truncate(Segment* seg, char* at) {
         return nullptr;
     }
     tail->prev->next = nullptr;
+    seg->last = tail->prev;
     tail->prev = nullptr;
     return tail;
 }
@@ -93,6 +92,7 @@ void Segments::check(const std::function<void(const std::string&)>& fail) const 
             expect = b->ptr + b->size;
         }
         if (expect != seg->base + seg->size) fail(segment + ": its blocks do not cover it exactly");
+        if (seg->last != prev) fail(segment + ": its last block is not the one it names");
         if (const Expansion* e = seg->expansion) {
             if (e->base != seg->base || e->mapped() != seg->size || e->mapped() > e->capacity || seg->size == 0) {
                 fail(segment + " (expandable) disagrees with its range: mapped " + std::to_string(e->mapped()) +

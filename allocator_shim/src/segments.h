@@ -129,7 +129,11 @@ inline void Segments::split(Block* b, size_t size, Block* rest) {
     rest->pool = b->pool;
     rest->prev = b;
     rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
+    if (b->next != nullptr) {
+        b->next->prev = rest;
+    } else {
+        b->segment->last = rest;
+    }
     b->next = rest;
     b->size = size;
 }
@@ -142,7 +146,11 @@ inline void Segments::merge(Block* b, Block* n) {
         if (b->segment->first == n) b->segment->first = b;
     } else {
         b->next = n->next;
-        if (n->next != nullptr) n->next->prev = b;
+        if (n->next != nullptr) {
+            n->next->prev = b;
+        } else {
+            b->segment->last = b;
+        }
     }
     b->size += n->size;
 }

@@ -39,7 +39,11 @@ typedef void* aclmdlRI;
 #define EXPORT __attribute__((visibility("default")))
 
 struct stream_state { aclrtStream handle; uint64_t queued, completed, waits, on_host, last_kernel; int capturing; };
-struct event_state { int live; aclrtStream stream; uint64_t position; int recorded; };
+/* plain: made by aclrtCreateEvent, whose documented protocol is record ->
+ * wait -> reset; re-recording one whose record may still be pending is
+ * counted (n_plain_rerecord), as CANN leaves what a wait then sees undefined
+ * (only aclrtCreateEventExWithFlag events keep the record a wait saw). */
+struct event_state { int live; int plain; aclrtStream stream; uint64_t position; int recorded; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct stream_state streams[MAX_STREAMS];
@@ -47,7 +51,7 @@ static struct event_state events[MAX_EVENTS];
 static int32_t current_device = 0;
 static uint64_t in_use = 0, limit = 0;
 static uint64_t n_malloc = 0, n_free = 0, n_record = 0, n_query = 0, n_wait = 0, n_capture_info = 0;
-static uint64_t n_sync_event = 0, n_sync_device = 0;
+static uint64_t n_sync_event = 0, n_sync_device = 0, n_plain_rerecord = 0, n_create_ex = 0;
 static int last_policy = -1;
 static int task_queue = 0;
 
@@ -105,7 +109,7 @@ EXPORT aclError aclrtFree(void* devPtr) {
     return ACL_SUCCESS;
 }
 
-EXPORT aclError aclrtCreateEvent(aclrtEvent* event) {
+static aclError create_event(aclrtEvent* event, int plain) {
     if (event == NULL) return ACL_ERROR_INVALID_PARAM;
     pthread_mutex_lock(&mu);
     aclError rc = ACL_ERROR_RT_PARAM_INVALID;
@@ -113,13 +117,25 @@ EXPORT aclError aclrtCreateEvent(aclrtEvent* event) {
         if (!events[i].live) {
             memset(&events[i], 0, sizeof events[i]);
             events[i].live = 1;
+            events[i].plain = plain;
             *event = (aclrtEvent)(uintptr_t)(i + 1);
             rc = ACL_SUCCESS;
             break;
         }
     }
+    if (!plain && rc == ACL_SUCCESS) n_create_ex++;
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+EXPORT aclError aclrtCreateEvent(aclrtEvent* event) { return create_event(event, 1); }
+
+#define ACL_EVENT_SYNC 0x1u
+#define ACL_EVENT_CAPTURE_STREAM_PROGRESS 0x2u
+#define ACL_EVENT_TIME_LINE 0x8u
+EXPORT aclError aclrtCreateEventExWithFlag(aclrtEvent* event, uint32_t flag) {
+    if (flag & ~(ACL_EVENT_SYNC | ACL_EVENT_CAPTURE_STREAM_PROGRESS | ACL_EVENT_TIME_LINE)) return ACL_ERROR_INVALID_PARAM;
+    return create_event(event, 0);
 }
 
 EXPORT aclError aclrtDestroyEvent(aclrtEvent event) {
@@ -135,6 +151,8 @@ EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
     struct event_state* e = event_of(event);
     struct stream_state* s = stream_of(stream);
     if (e && s) {
+        struct stream_state* before = e->recorded ? stream_of(e->stream) : NULL;
+        if (e->plain && before && before->completed < e->position) n_plain_rerecord++;
         e->stream = stream;
         e->position = ++s->queued;
         e->recorded = 1;
@@ -312,6 +330,7 @@ EXPORT uint64_t fake_acl_in_use(void) { return in_use; }
 EXPORT void fake_acl_reset_counters(void) {
     pthread_mutex_lock(&mu);
     n_malloc = n_free = n_record = n_query = n_wait = n_capture_info = n_sync_event = n_sync_device = 0;
+    n_plain_rerecord = n_create_ex = 0;
     for (int i = 0; i < MAX_STREAMS; i++) {
         streams[i].on_host = streams[i].last_kernel = 0;
         streams[i].completed = streams[i].queued;
@@ -328,6 +347,8 @@ EXPORT uint64_t fake_acl_calls(const char* name) {
     if (!strcmp(name, "aclmdlRICaptureGetInfo")) return n_capture_info;
     if (!strcmp(name, "aclrtSynchronizeEvent")) return n_sync_event;
     if (!strcmp(name, "aclrtSynchronizeDevice")) return n_sync_device;
+    if (!strcmp(name, "aclrtCreateEventExWithFlag")) return n_create_ex;
+    if (!strcmp(name, "plain event re-recorded while pending")) return n_plain_rerecord;
     return UINT64_MAX;
 }
 

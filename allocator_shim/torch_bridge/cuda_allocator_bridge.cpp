@@ -79,6 +79,8 @@ struct Shim {
     void (*set_pool_no_split)(int, uint64_t, uint64_t);
     size_t (*block_records)(npl_block_record*, size_t);
     void (*claim_next)(void*);
+    int (*prepare_pool_checkpoint)(int, uint64_t, uint64_t);
+    void (*set_history_hook)(npl_history_hook, void*);
     void (*set_expandable)(int);
     int (*set_capture_reuse)(int);
 };
@@ -119,6 +121,8 @@ std::string load_shim(const char* path, Shim* s) {
     find(lib, "npl_set_pool_no_split", &s->set_pool_no_split, &missing);
     find(lib, "npl_block_records", &s->block_records, &missing);
     find(lib, "npl_claim_next", &s->claim_next, &missing);
+    find(lib, "npl_prepare_pool_checkpoint", &s->prepare_pool_checkpoint, &missing);
+    find(lib, "npl_set_history_hook", &s->set_history_hook, &missing);
     find(lib, "npl_set_expandable_segments", &s->set_expandable, &missing);
     find(lib, "npl_set_graph_capture_record_stream_reuse", &s->set_capture_reuse, &missing);
     dlclose(lib);  // RTLD_NOLOAD took a reference; ctypes keeps the shim loaded
@@ -216,6 +220,12 @@ bool in_pool(const npl_block_record& r, MempoolId_t id) { return r.pool_id0 == i
 
 // torch's memory history (_record_memory_history): a trace ring per device
 // and the stack of each live allocation, both from torch's context recorder.
+// The entries are torch's allocator's, one for one and in its order: ALLOC
+// and FREE_REQUESTED here around npl_alloc / npl_free, and what only the
+// allocator sees (SEGMENT_ALLOC/FREE/MAP/UNMAP, FREE_COMPLETED once a free's
+// events fired) from the shim's history hook, as it happens: for one
+// allocation with a new segment and its free, SEGMENT_ALLOC, ALLOC,
+// FREE_REQUESTED, FREE_COMPLETED.
 // Every allocation and free passes through here: with history off (the
 // usual case) and no stack kept, each call returns after atomic loads,
 // without the lock.  As torch's allocator, a live block keeps the stack it
@@ -232,6 +242,7 @@ class History {
         max_entries_ = std::max<size_t>(max_entries, 1);
         when_ = enabled ? when : cca::RecordContext::NEVER;
         if (clear || !enabled) traces_.clear();
+        if (!enabled) freeing_.clear();
     }
     bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
     // The caller's stack, if this kind of event keeps one (gathered without the lock).
@@ -244,6 +255,20 @@ class History {
         }
         return recorder != nullptr ? recorder() : nullptr;
     }
+    // The stack of the allocation or free this thread is inside, for the
+    // shim's history hook (torch gives a segment the stack of its malloc).
+    static std::shared_ptr<c10::GatheredContext>*& calling_context() {
+        static thread_local std::shared_ptr<c10::GatheredContext>* ctx = nullptr;
+        return ctx;
+    }
+    // npl_history_hook: under the shim's lock, never calling back into it.
+    static void on_shim_action(int action, void* ptr, uint64_t size, int device, void* stream, uint64_t id0,
+                               uint64_t id1, void* self) {
+        try {
+            static_cast<History*>(self)->shim_action(action, ptr, size, device, stream, MempoolId_t{id0, id1});
+        } catch (...) {  // (no exception into the shim: an entry lost)
+        }
+    }
     void on_alloc(void* ptr, size_t size, int device, cudaStream_t stream,
                   const std::shared_ptr<c10::GatheredContext>& ctx) {
         if (!enabled()) return;
@@ -255,22 +280,44 @@ class History {
         }
         add(cca::TraceEntry::ALLOC, device, ptr, size, stream, when_ >= cca::RecordContext::ALLOC ? ctx : nullptr);
     }
-    // The shim holds a freed block until its events fire, but that is not
-    // visible here: the free completes, as far as torch's trace goes, at once
-    // (the snapshot's blocks show which are still pending).
-    void on_free(void* ptr, size_t size, int device, cudaStream_t stream,
-                 const std::shared_ptr<c10::GatheredContext>& ctx) {
+    // As torch's: the free's stack, else the allocation's; FREE_COMPLETED
+    // follows from the shim once the block is really free (at once when it
+    // waits for nothing) with the same stack.
+    void on_free(void* ptr, size_t size, int device, cudaStream_t stream, std::shared_ptr<c10::GatheredContext> ctx) {
         if (!enabled() && !keeping_.load(std::memory_order_acquire)) return;
         std::lock_guard<std::mutex> lock(mu_);
-        if (contexts_.erase(ptr) != 0 && contexts_.empty()) keeping_.store(false, std::memory_order_release);
+        auto kept = contexts_.find(ptr);
+        if (kept != contexts_.end()) {
+            if (ctx == nullptr) ctx = kept->second;
+            contexts_.erase(kept);
+            if (contexts_.empty()) keeping_.store(false, std::memory_order_release);
+        }
         if (!enabled()) return;
         add(cca::TraceEntry::FREE_REQUESTED, device, ptr, size, stream, ctx);
-        add(cca::TraceEntry::FREE_COMPLETED, device, ptr, size, stream, ctx);
+        freeing_[ptr] = std::move(ctx);
     }
+    // torch's: the device's free memory as the address, the rounded size.
     void on_oom(int device, size_t size, cudaStream_t stream) {
         if (!enabled()) return;
+        size_t free_bytes = 0, total = 0;
+        {
+            c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+            if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+                (void)cudaGetLastError();  // (the entry says 0 free)
+                free_bytes = 0;
+            }
+        }
+        size_t rounded = (size + 511) / 512 * 512;
         std::lock_guard<std::mutex> lock(mu_);
-        if (enabled()) add(cca::TraceEntry::OOM, device, nullptr, size, stream, nullptr);
+        if (enabled()) {
+            add(cca::TraceEntry::OOM, device, reinterpret_cast<void*>(free_bytes), rounded, stream, nullptr);
+        }
+    }
+    // As torch's allocator, each snapshot is an entry of each device's trace.
+    void on_snapshot(int device, size_t active_bytes, MempoolId_t pool) {
+        if (!enabled()) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        if (enabled()) add(cca::TraceEntry::SNAPSHOT, device, nullptr, active_bytes, nullptr, nullptr, pool);
     }
     std::shared_ptr<c10::GatheredContext> allocated_at(void* ptr) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -289,11 +336,36 @@ class History {
     }
 
    private:
+    void shim_action(int action, void* ptr, uint64_t size, int device, void* stream, MempoolId_t pool) {
+        if (!enabled()) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!enabled()) return;
+        std::shared_ptr<c10::GatheredContext> ctx;
+        cca::TraceEntry::Action entry = cca::TraceEntry::FREE_COMPLETED;
+        switch (action) {
+            case NPL_HISTORY_SEGMENT_ALLOC: entry = cca::TraceEntry::SEGMENT_ALLOC; break;
+            case NPL_HISTORY_SEGMENT_FREE: entry = cca::TraceEntry::SEGMENT_FREE; break;
+            case NPL_HISTORY_SEGMENT_MAP: entry = cca::TraceEntry::SEGMENT_MAP; break;
+            case NPL_HISTORY_SEGMENT_UNMAP: entry = cca::TraceEntry::SEGMENT_UNMAP; break;
+            case NPL_HISTORY_FREE_COMPLETED: {
+                auto it = freeing_.find(ptr);
+                if (it != freeing_.end()) {
+                    ctx = std::move(it->second);
+                    freeing_.erase(it);
+                }
+                break;
+            }
+            default: return;
+        }
+        if (action != NPL_HISTORY_FREE_COMPLETED && calling_context() != nullptr) ctx = *calling_context();
+        add(entry, device, ptr, size, static_cast<cudaStream_t>(stream), std::move(ctx), pool);
+    }
+
     void add(cca::TraceEntry::Action action, int device, void* ptr, size_t size, cudaStream_t stream,
-             std::shared_ptr<c10::GatheredContext> ctx) {
+             std::shared_ptr<c10::GatheredContext> ctx, MempoolId_t pool = {0, 0}) {
         auto& ring = traces_[device];
         ring.emplace_back(action, static_cast<c10::DeviceIndex>(device), reinterpret_cast<size_t>(ptr), size,
-                          static_cast<void*>(stream), MempoolId_t{0, 0}, c10::getApproximateTime(), std::move(ctx));
+                          static_cast<void*>(stream), pool, c10::getApproximateTime(), std::move(ctx));
         while (ring.size() > max_entries_) ring.pop_front();
     }
 
@@ -305,6 +377,7 @@ class History {
     cca::RecordContext when_ = cca::RecordContext::NEVER;
     std::map<int, std::deque<cca::TraceEntry>> traces_;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+    std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> freeing_;  // FREE_REQUESTED, not completed
 };
 
 // torch's allocator setting graph_capture_record_stream_reuse
@@ -327,7 +400,9 @@ auto note_capture_reuse(Metadata& m, bool on, int) -> decltype(void(m.graph_capt
 template <typename Metadata>
 void note_capture_reuse(Metadata&, bool, long) {}
 
-// A pool's live blocks at a checkpoint: what setCheckpointPoolState re-creates.
+// A pool's live blocks at a checkpoint, each at its block's (rounded) size as
+// torch's PrivatePoolState keeps them: what setCheckpointPoolState re-creates.
+// The free blocks between them come back with them (what a claim leaves).
 struct PoolState : cca::AllocatorState {
     struct Live {
         void* ptr;
@@ -446,13 +521,17 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries, cca::RecordContext when,
                        bool clear, const std::vector<std::string>& /*skip_actions*/) override {
         history_->configure(enabled, recorder, max_entries, when, clear);
+        // only while history is on: a free's hot path then pays nothing
+        shim_.set_history_hook(enabled ? &History::on_shim_action : nullptr, history_.get());
     }
 
     cca::SnapshotInfo snapshot(MempoolId_t id, bool include_traces) override {
         cca::SnapshotInfo info;
         std::map<void*, size_t> segment_index;  // segment base -> its place in info.segments
+        std::map<int, size_t> active;           // device -> bytes live or pending: torch's SNAPSHOT entry
         for (const npl_block_record& r : block_records(shim_)) {
             if ((id.first != 0 || id.second != 0) && !in_pool(r, id)) continue;
+            if (r.state != NPL_BLOCK_CACHED) active[r.device] += r.size;
             auto found = segment_index.find(r.segment);
             if (found == segment_index.end()) {
                 found = segment_index.emplace(r.segment, info.segments.size()).first;
@@ -460,6 +539,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
             }
             add_block(info.segments[found->second], r);
         }
+        for (int device = 0; device < c10::cuda::device_count(); ++device) history_->on_snapshot(device, active[device], id);
         if (include_traces) info.device_traces = history_->traces(c10::cuda::device_count());
         info.config_metadata.last_allocator_settings = "npu_lifetime shim";
         note_capture_reuse(info.config_metadata, torch_capture_reuse<cca::CUDAAllocatorConfig>(0), 0);
@@ -467,12 +547,13 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
     std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
+        check_checkpointable(device, id);
         auto state = std::make_shared<PoolState>();
         state->device = device;
         state->id = id;
         for (const npl_block_record& r : block_records(shim_)) {
             if (r.device == device && in_pool(r, id) && r.state == NPL_BLOCK_LIVE) {
-                state->live.push_back({r.address, static_cast<size_t>(r.requested), static_cast<cudaStream_t>(r.stream)});
+                state->live.push_back({r.address, static_cast<size_t>(r.size), static_cast<cudaStream_t>(r.stream)});
             }
         }
         return state;
@@ -487,6 +568,7 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         auto* state = dynamic_cast<PoolState*>(pps.get());
         TORCH_CHECK(state != nullptr && state->device == device,
                     "npu_lifetime: a pool checkpoint taken by another allocator, or on another device");
+        check_checkpointable(device, state->id);
         cca::CheckpointDelta delta;
         for (const npl_block_record& r : block_records(shim_)) {
             if (r.device == device && in_pool(r, state->id) && r.state == NPL_BLOCK_LIVE) {
@@ -505,6 +587,14 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     }
 
    private:
+    // torch's checks before a checkpoint is taken or restored, after the
+    // frees a capture deferred are done (npl_prepare_pool_checkpoint).
+    void check_checkpointable(c10::DeviceIndex device, MempoolId_t id) const {
+        int verdict = shim_.prepare_pool_checkpoint(device, id.first, id.second);
+        TORCH_CHECK(verdict != 1, "npu_lifetime: Not expected to checkpoint freeable graph");
+        TORCH_CHECK(verdict == 0, "npu_lifetime: Could not find pool of id (", id.first, ", ", id.second, ")");
+    }
+
     // torch's expandable_segments setting (PYTORCH_CUDA_ALLOC_CONF, or
     // torch.cuda.memory._set_allocator_settings at run time) as the shim's,
     // read at each allocation as torch's allocator reads it; the shim is told
@@ -534,7 +624,9 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
         return [shim, history](size_t size, int device, cudaStream_t stream) -> void* {
             auto ctx = history->context(cca::RecordContext::STATE);
             follow_expandable_setting(shim);
+            History::calling_context() = &ctx;  // a new segment's stack
             void* p = shim.alloc(static_cast<ssize_t>(size), device, stream);
+            History::calling_context() = nullptr;
             if (p == nullptr && size != 0) {
                 history->on_oom(device, size, stream);
                 TORCH_CHECK_WITH(OutOfMemoryError, false, shim.oom_message());
@@ -547,8 +639,11 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
     static std::function<void(void*, size_t, int, cudaStream_t)> free_fn(const Shim& shim,
                                                                         std::shared_ptr<History> history) {
         return [shim, history](void* ptr, size_t size, int device, cudaStream_t stream) {
-            history->on_free(ptr, size, device, stream, history->context(cca::RecordContext::ALL));
+            auto ctx = history->context(cca::RecordContext::ALL);
+            history->on_free(ptr, size, device, stream, ctx);
+            History::calling_context() = &ctx;  // a segment empty_cache-like paths give back
             shim.free(ptr, static_cast<ssize_t>(size), device, stream);
+            History::calling_context() = nullptr;
         };
     }
 

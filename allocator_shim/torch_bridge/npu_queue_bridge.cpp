@@ -20,7 +20,10 @@
 // streams and record_use's Python stream.  A stream it has never
 // met (an external stream: NPUEvent refuses those) is synchronised instead,
 // so the event is left unrecorded, which reads as complete: slower, never
-// early.  No exception crosses the C ABI: each becomes an error code whose
+// early.  That synchronisation is of the stream's device, whatever device
+// is current (set, synchronise, set back): the device of the event being
+// recorded (the shim creates an event on the device of the stream it will
+// record it on), else the device the stream was met on, else every device.  No exception crosses the C ABI: each becomes an error code whose
 // words error_string gives.
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch_npu/csrc/core/npu/NPUEvent.h>
@@ -29,6 +32,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <stdexcept>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -75,6 +79,52 @@ bool known(aclrtStream handle, c10_npu::NPUStream* out) {
     return true;
 }
 
+// Streams torch_npu does not manage -> their device, as met.
+std::unordered_map<aclrtStream, int> foreign_devices;  // under streams_mu
+
+void learn_foreign_device(aclrtStream handle, int device) {
+    std::lock_guard<std::mutex> lock(streams_mu);
+    foreign_devices[handle] = device;
+}
+
+int foreign_device(aclrtStream handle) {  // -1: never met
+    std::lock_guard<std::mutex> lock(streams_mu);
+    auto it = foreign_devices.find(handle);
+    return it == foreign_devices.end() ? -1 : it->second;
+}
+
+void check_acl(aclError err, const char* what) {
+    if (err != ACL_ERROR_NONE) throw std::runtime_error(std::string(what) + " failed with ACL error " + std::to_string(err));
+}
+
+// Synchronises `device` (its streams, after torch_npu's queue) from any
+// current device: the current device is set back after, both calls checked.
+void synchronize_device(int device) {
+    int32_t current = 0;
+    check_acl(c10_npu::GetDevice(&current), "aclrtGetDevice");
+    if (current != device) check_acl(c10_npu::SetDevice(static_cast<c10::DeviceIndex>(device)), "aclrtSetDevice");
+    bool synced = false;
+    try {
+        synced = c10_npu::npuSynchronizeDevice(true);
+    } catch (...) {
+        if (current != device) (void)c10_npu::SetDevice(static_cast<c10::DeviceIndex>(current));  // (the first error wins)
+        throw;
+    }
+    if (current != device) check_acl(c10_npu::SetDevice(static_cast<c10::DeviceIndex>(current)), "aclrtSetDevice");
+    if (!synced) throw std::runtime_error("npuSynchronizeDevice failed on device " + std::to_string(device));
+}
+
+// A stream torch_npu does not manage: its device's work done (every
+// device's when its device was never met).
+void synchronize_foreign(aclrtStream handle, int device) {
+    if (device < 0) device = foreign_device(handle);
+    if (device >= 0) {
+        synchronize_device(device);
+        return;
+    }
+    for (c10::DeviceIndex d = 0; d < c10_npu::device_count(); ++d) synchronize_device(d);
+}
+
 // The NPUStream of `handle`, learning the current and default streams of
 // each device on first sight; false for a stream torch_npu does not manage.
 bool find(aclrtStream handle, c10_npu::NPUStream* out) {
@@ -103,27 +153,41 @@ void learn_allocation_stream(int device, aclrtStream handle) {
     c10_npu::NPUStream s = c10_npu::getDefaultNPUStream();
     if (!known(handle, &s)) {
         c10_npu::NPUStream current = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
-        if (current.stream(false) != handle) return;  // raw_alloc_with_stream on another stream: met later, or not
+        if (current.stream(false) != handle) {  // raw_alloc_with_stream on another stream: met later, or not
+            if (foreign_device(handle) < 0 && !find(handle, &current)) learn_foreign_device(handle, device);
+            return;
+        }
         remember(current);
     }
     last_allocation_stream = handle;
 }
 
-c10_npu::NPUEvent* as_event(void* event) { return static_cast<c10_npu::NPUEvent*>(event); }
+// An event and the device it was created for (its stream's).
+struct Event {
+    c10_npu::NPUEvent npu{ACL_EVENT_CAPTURE_STREAM_PROGRESS};
+    int device = 0;
+};
+c10_npu::NPUEvent* as_event(void* event) { return &static_cast<Event*>(event)->npu; }
 
-int event_create(void** event, int) {
-    return guarded([&] { *event = new c10_npu::NPUEvent(ACL_EVENT_CAPTURE_STREAM_PROGRESS); });
+int event_create(void** event, int device) {
+    return guarded([&] {
+        auto* e = new Event;
+        e->device = device;
+        *event = e;
+    });
 }
 int event_destroy(void* event) {
-    return guarded([&] { delete as_event(event); });
+    return guarded([&] { delete static_cast<Event*>(event); });
 }
 int event_record(void* event, void* stream) {
     return guarded([&] {
         c10_npu::NPUStream s = c10_npu::getDefaultNPUStream();
         if (find(stream, &s)) {
             as_event(event)->record(s);
-        } else {
-            c10_npu::npuSynchronizeDevice(true);  // an unmanaged stream: its work is done, the event reads complete
+        } else {  // an unmanaged stream: its work is done, the event reads complete
+            int device = static_cast<Event*>(event)->device;
+            learn_foreign_device(stream, device);
+            synchronize_foreign(stream, device);
         }
     });
 }
@@ -149,7 +213,7 @@ int stream_synchronize(void* stream) {
         if (find(stream, &s)) {
             s.synchronize();
         } else {
-            c10_npu::npuSynchronizeDevice(true);
+            synchronize_foreign(stream, -1);
         }
     });
 }
@@ -159,7 +223,7 @@ int stream_drain(void* stream) {
         if (find(stream, &s)) {
             (void)s.stream();  // stream() empties the queue up to now
         } else {
-            c10_npu::npuSynchronizeDevice(true);
+            synchronize_foreign(stream, -1);
         }
     });
 }

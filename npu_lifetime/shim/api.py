@@ -281,6 +281,23 @@ def pool_use_count(device: int, pool: PoolId) -> int:
     return library().npl_pool_use_count(check.device(device), pool[0], pool[1])
 
 
+# npl_prepare_pool_checkpoint's refusals, in torch's words
+_CHECKPOINT_REFUSALS = {1: "Not expected to checkpoint freeable graph", 2: "Could not find pool of id"}
+
+
+def pool_checkpoint(device: int, pool: PoolId) -> dict:
+    """The pool's live blocks, address -> (block size, stream), as torch's
+    PrivatePoolState keeps them: each at its block's rounded size, after the
+    frees a capture deferred are done.  RuntimeError (torch's words) for a
+    released pool or one never opened."""
+    pool, device = check.pool(pool), check.device(device)
+    verdict = library().npl_prepare_pool_checkpoint(device, pool[0], pool[1])
+    if verdict != 0:
+        raise RuntimeError(f"npu_lifetime shim: {_CHECKPOINT_REFUSALS[verdict]} {pool}")
+    return {r["address"]: (r["size"], r["stream"]) for r in block_records()
+            if r["device"] == device and (r["pool_id0"], r["pool_id1"]) == pool and r["state"] == 0}
+
+
 def set_pool_use_on_oom(device: int, pool: PoolId, use_on_oom: bool) -> None:
     """torch.cuda.MemPool(use_on_oom=True): an eager allocation about to run
     out of memory may take this pool's cached blocks (while it has references)."""

@@ -51,6 +51,8 @@ _PROTOTYPES = {
     "npl_claim_next": (None, [_P]),
     "npl_create_or_incref_pool": (None, [_I, _U64, _U64]),
     "npl_pool_use_count": (_I, [_I, _U64, _U64]),
+    "npl_prepare_pool_checkpoint": (_I, [_I, _U64, _U64]),
+    "npl_set_history_hook": (None, [_P, _P]),
     "npl_set_pool_use_on_oom": (None, [_I, _U64, _U64, _I]),
     "npl_set_pool_no_split": (None, [_I, _U64, _U64]),
     "npl_block_records": (_Z, [_P, _Z]),

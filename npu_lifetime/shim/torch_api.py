@@ -44,7 +44,7 @@ class PoolCheckpoint:
 
     device: int
     pool: tuple
-    live: dict  # address -> (requested size, stream)
+    live: dict  # address -> (block size, stream)
 
 
 def memory_stats(device: int) -> dict:
@@ -72,21 +72,13 @@ def check_pool_live_allocations(device: int, pool: tuple, expected) -> bool:
     return set(api.pool_live_allocations(device, tuple(pool))) == set(expected)
 
 
-def _pool_blocks(device: int, pool: tuple) -> dict:
-    return {
-        b["address"]: (b["requested"], b["alloc_stream"])
-        for seg in api.snapshot()["segments"]
-        if seg["device"] == device and tuple(seg["graph_pool"]) == pool
-        for b in seg["blocks"] if b["state"] == "live"
-    }
-
-
 def get_checkpoint_state(device: int, pool: tuple) -> PoolCheckpoint:
     pool = tuple(pool)
-    return PoolCheckpoint(device, pool, _pool_blocks(device, pool))
+    return PoolCheckpoint(device, pool, api.pool_checkpoint(device, pool))
 
 
 def set_checkpoint_pool_state(device: int, state: PoolCheckpoint, stale_storages, live_storages):
+    api.pool_checkpoint(device, state.pool)  # torch's checks: the pool is there and not released
     now = set(api.pool_live_allocations(device, state.pool))
     missing = set(state.live) - now  # freed since the checkpoint: held again
     alive = {torch.UntypedStorage._new_with_weak_ptr(ref).data_ptr() for ref in live_storages}

@@ -226,6 +226,82 @@ def checkpoint_restore(allocator):
     return {**info, "same": same, "error": error, "checkpoints": checkpoints, "findings": findings(allocator)}
 
 
+def _pool_layout(pool) -> list:
+    """The pool's blocks as (offset in its segment, size, state), segments by size."""
+    segments = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", ())) == tuple(pool)]
+    return sorted([(b["address"] - seg["address"], b["size"], b["state"]) for b in seg["blocks"]]
+                  for seg in segments)
+
+
+def checkpoint_layout(allocator):
+    """(issue 37) A pool checkpoint taken, its tensors freed, and restored as
+    cudagraph trees restore one (the blocks allocated again and handed to
+    storages that do not own memory, as graph outputs are): the layout and
+    allocated_bytes come back as they were.  A 20 MiB segment holds 7.5 MiB,
+    7.5 MiB and 4608 KiB in the last 5120 KiB (a block too small to split)."""
+    info = setup(allocator)
+    pool = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        kept = [torch.empty(n << 10, dtype=torch.uint8, device="cuda") for n in (7680, 7680, 4608)]
+    torch.cuda.synchronize()
+    before = {"layout": _pool_layout(pool), "allocated": torch.cuda.memory_allocated()}
+    state = torch._C._cuda_getCheckpointState(0, pool)
+    outputs = [torch._C._construct_storage_from_data_pointer(t.data_ptr(), t.device, t.untyped_storage().nbytes())
+               for t in kept]  # no deleter, as cudagraph trees' outputs
+    del kept
+    torch.cuda.synchronize()
+    freed = {"allocated": torch.cuda.memory_allocated()}
+    error = None
+    try:
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [s._cdata for s in outputs])
+    except RuntimeError as err:
+        error = str(err)[:2000]
+    after = {"layout": _pool_layout(pool), "allocated": torch.cuda.memory_allocated()}
+    refused = None
+    del graph, outputs
+    torch.cuda.synchronize()
+    gc_collect()
+    try:
+        torch._C._cuda_getCheckpointState(0, (12345, 6789))  # a pool never made
+    except RuntimeError as err:
+        refused = str(err)[:300]
+    return {**info, "before": before, "freed": freed, "after": after, "error": error,
+            "unknown_pool_refused": refused,
+            "findings": findings(allocator)}
+
+
+def history_sequence(allocator):
+    """(issue 37) torch's memory history for: one randn(1 << 20) and its
+    del, an allocation too large for the device (the cached segment goes
+    back, then the OOM), the randn again and empty_cache: each entry's
+    action and size, in order."""
+    info = setup(allocator)
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    x = torch.randn(1 << 20, device="cuda")
+    del x
+    oom = False
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        oom = True
+    y = torch.randn(1 << 20, device="cuda")
+    del y
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    traces = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    entries = [[e["action"], e["size"]] for e in traces]
+    return {**info, "entries": entries, "oom": oom, "findings": findings(allocator)}
+
+
+def gc_collect():
+    import gc
+
+    gc.collect()
+
+
 def stats_and_fraction(allocator):
     """torch's test_memory_stats and test_get_per_process_memory_fraction:
     torch.accelerator's statistics (C++ getDeviceStats) follow a 1 KiB

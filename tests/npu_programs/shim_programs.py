@@ -248,8 +248,71 @@ def expandable() -> dict:
             "expandable_setting": shim.expandable_segments(), "findings": shim.findings()}
 
 
+class _QueueOps(ctypes.Structure):
+    """struct npl_queue_ops (npu_lifetime_shim.h), as the NPU bridge fills it."""
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "event_create", "event_destroy", "event_record", "event_query", "event_synchronize", "stream_wait_event",
+        "stream_synchronize", "stream_drain", "device_synchronize", "error_string")]
+
+
+def _foreign_stream(acl, device: int) -> int:
+    """A stream of DEVICE made straight through ACL: torch_npu does not manage it."""
+    stream = ctypes.c_void_p()
+    with torch.npu.device(device):
+        assert acl.aclrtCreateStream(ctypes.byref(stream)) == 0
+    return stream.value
+
+
+def foreign_stream_device() -> dict:
+    """(issue 37) The NPU bridge's fallbacks for a stream torch_npu does not
+    manage (event_record, stream_synchronize, stream_drain) synchronised the
+    current device (0 here) instead of the stream's (1): its work was still
+    running after them.  Each op is called as the shim calls it, with slow
+    work queued on a device-1 stream made straight through ACL."""
+    npu_lifetime.install("npu")
+    from npu_lifetime.shim import npu_queue
+
+    torch.ones(1, device="npu:0")
+    acl = standin.library()
+    acl.aclrtMemsetAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_size_t,
+                                     ctypes.c_void_p]
+    ops = _QueueOps.from_address(npu_queue._bridge.npl_npu_queue_ops())
+    event_create = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int)(ops.event_create)
+    event_record = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(ops.event_record)
+    on_stream = {name: ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(getattr(ops, name))
+                 for name in ("stream_synchronize", "stream_drain")}
+    target = torch.empty(1 << 16, dtype=torch.uint8, device="npu:1")
+    met, never_met = _foreign_stream(acl, 1), _foreign_stream(acl, 1)
+    event = ctypes.c_void_p()
+    assert event_create(ctypes.byref(event), 1) == 0
+
+    def slow_work(stream):
+        with torch.npu.device(1):
+            for _ in range(3):
+                assert acl.aclrtMemsetAsync(target.data_ptr(), target.numel(), 0, target.numel(), stream) == 0
+
+    done, codes = {}, {}
+    standin.set_delay_us(100_000)  # each task on a stream takes 0.1 s
+    try:
+        for op, stream in (("event_record", met), ("stream_synchronize", met), ("stream_drain", met),
+                           ("stream_synchronize_never_met", never_met)):
+            slow_work(stream)
+            if op == "event_record":
+                codes[op] = event_record(event, stream)
+            else:
+                codes[op] = on_stream[op.replace("_never_met", "")](stream)
+            done[op] = acl.standin_tasks_pending(stream) == 0
+    finally:
+        standin.set_delay_us(0)
+    current = ctypes.c_int32(-1)
+    acl.aclrtGetDevice(ctypes.byref(current))
+    return {"done": done, "codes": codes, "current_device": torch.npu.current_device(),
+            "acl_current_device": current.value, "findings": shim.findings()}
+
+
 PROGRAMS = {f.__name__: f for f in (basics, ordering, memory_functions, out_of_memory, record_use_shim,
-                                    record_use_fallback, record_use_fallback_misuse, expandable)}
+                                    record_use_fallback, record_use_fallback_misuse, expandable,
+                                    foreign_stream_device)}
 
 if __name__ == "__main__":
     print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))
