@@ -29,8 +29,8 @@ void* ordered_alloc(size_t size, int device, void* stream, void* ctx) {
     return ordered->malloc_async(&ptr, size, device, stream, &code) == Status::ok ? ptr : nullptr;
 }
 
-// Never called: release_ordered frees with its status checked (segment_free
-// calls the source's free only for sources that are not ordered).
+// Never called: segment_free gives an ordered segment back with the
+// stream-ordered free itself, its status checked.
 void ordered_free(void*, size_t, int, void*, void*) {}
 
 }  // namespace
@@ -89,18 +89,7 @@ void CachingAllocator::release_ordered(Block* b) {
     b->held.clear();
     b->state = BlockState::cached;
     pool_insert(b);  // release_segment takes it out of its pool
-    if (ordered_->free_async(seg->base, seg->device, seg->stream, &code) != Status::ok) {
-        runtime_error("free_async(oracle)", code, b, b->stream);
-        return;
-    }
-    trace(TraceKind::segment_free, b, nullptr);
-    pool_erase(b);
-    recycle_block(b);
-    DeviceStats& st = dstats(seg->device);
-    st.add(StatId::segment, seg->small, -1);
-    st.add(StatId::reserved_bytes, seg->small, -static_cast<int64_t>(seg->size));
-    st.count(CounterId::num_device_free);
-    segments_.remove(seg);
+    if (release_segment(seg)) segments_.remove(seg);  // segment_free: the stream-ordered free
 }
 
 }  // namespace npl
