@@ -554,6 +554,11 @@ def main(argv: Optional[list] = None) -> int:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least {least[name]}, not {getattr(args, name)}",
                   file=sys.stderr)
             return EXIT_USAGE
+    from . import npu_runtime
+
+    stop = npu_runtime.prepare(args.command, getattr(args, "device", None), argv)  # before torch is imported
+    if stop is not None:
+        return stop
     from .shim.native import ShimNotBuilt
 
     try:
