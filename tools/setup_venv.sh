@@ -86,3 +86,9 @@ EOF
     exit 1
 fi
 "$venv/bin/pip" install -e '.[test]' "$@"
+# NPU_LIFETIME_SANITIZER's start-up hook: a wheel install puts it in site-packages (setup.py), an editable
+# install does not, so it is put there here (a real venv only: one has pyvenv.cfg)
+if [ -f "$venv/pyvenv.cfg" ]; then
+    packages=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    cp npu_lifetime/startup_hook.pth "$packages/npu_lifetime_sanitizer.pth"
+fi
