@@ -11,6 +11,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 SHIM = Path("allocator_shim")
 SOURCES = sorted(str(p) for p in (SHIM / "src").glob("*.cpp"))
@@ -127,8 +128,26 @@ class BuildShim(build_ext):
             shutil.copy(path, out.parent / path.name)
 
 
+# NPU_LIFETIME_SANITIZER's start-up hook, as coverage.py's process start-up: a .pth file at the top of
+# site-packages, run by every interpreter at start-up; it imports npu_lifetime only when the variable is set
+STARTUP_HOOK = "npu_lifetime/startup_hook.pth"
+STARTUP_HOOK_NAME = "npu_lifetime_sanitizer.pth"
+
+
+class BuildPyWithStartupHook(build_py):
+    def run(self):
+        super().run()
+        self.copy_file(STARTUP_HOOK, os.path.join(self.build_lib, STARTUP_HOOK_NAME))
+
+    def get_outputs(self, include_bytecode=1):
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, STARTUP_HOOK_NAME)]
+
+    def get_output_mapping(self):
+        return {**super().get_output_mapping(), os.path.join(self.build_lib, STARTUP_HOOK_NAME): STARTUP_HOOK}
+
+
 setup(
     ext_modules=[Extension("npu_lifetime._native.libnpl", sources=SOURCES, depends=[*HEADERS, *map(str, BRIDGES), str(EXPORTS)]),
                  *OPTIONAL_EXTENSIONS],
-    cmdclass={"build_ext": BuildShim},
+    cmdclass={"build_ext": BuildShim, "build_py": BuildPyWithStartupHook},
 )

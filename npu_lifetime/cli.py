@@ -309,7 +309,7 @@ def _handoff(args: argparse.Namespace) -> int:
     print(f"FSDP-style hand-off, {args.layers} layers, {args.width}x{args.width} buffers, device {device.name}, "
           "under the lifetime sanitizer")
     print("\n".join("  " + c for c in table.columns(device.name, getattr(device, "late_read_delay", 0))))
-    print(table.format_table(rows))
+    print(table.format_table(rows, device.name))
     print(table.summary(rows, device.name))
     fsdp2_ok = _handoff_fsdp2(args)
     return EXIT_OK if ok and fsdp2_ok else EXIT_FINDINGS
@@ -627,6 +627,11 @@ def main(argv: Optional[list] = None) -> int:
             print(f"npu-lifetime: --{name.replace('_', '-')} must be at least {least[name]}, not {getattr(args, name)}",
                   file=sys.stderr)
             return EXIT_USAGE
+    from . import npu_runtime
+
+    stop = npu_runtime.prepare(args.command, getattr(args, "device", None), argv)  # before torch is imported
+    if stop is not None:
+        return stop
     from .shim.native import ShimNotBuilt
 
     try:

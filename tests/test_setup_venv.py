@@ -114,6 +114,14 @@ def test_pip_options_go_to_both_installs(tmp_path, cpu_index):
                    "install -e .[test] --quiet --isolated"]
 
 
+def test_npu_installs_torch_npu_with_the_cpu_torch_in_one_resolution(tmp_path, cpu_index):
+    """--npu (issue 38, item 5): torch_npu's torch==2.13.0 is met by the CPU
+    build in the same pip run, never PyPI's CUDA build; --npu is not a pip option."""
+    _, pip, _ = run_setup(tmp_path, cpu_index, "--npu", "--quiet")
+    assert pip == [f"install torch==2.13.0+cpu torch_npu==2.13.0 --extra-index-url {cpu_index} --quiet",
+                   "install -e .[test] --quiet"]
+
+
 def test_no_cpu_build_anywhere_stops_before_any_download_and_says_what_to_do(tmp_path):
     index = f"http://127.0.0.1:{refused_port()}/whl/cpu"
     done, pip, _ = run_setup(tmp_path, index, fails=True)
@@ -125,9 +133,10 @@ def test_no_cpu_build_anywhere_stops_before_any_download_and_says_what_to_do(tmp
 
 def test_the_readme_and_ci_set_up_with_the_same_command():
     readme = (ROOT / "README.md").read_text()
-    first = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
-    command = next(line for line in first.splitlines() if line and not line.startswith("#"))
-    assert command.startswith("tools/setup_venv.sh && ")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    commands = [line for block in blocks for line in block.splitlines() if line and not line.startswith("#")]
+    assert any(line.startswith("tools/setup_venv.sh && ") for line in commands), commands  # set-up + main job
+    assert all(line.startswith(("tools/setup_venv.sh", ".venv")) for line in commands), commands  # no other set-up
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^tools/setup_venv\.sh \.venv --quiet$", ci, re.M)
     installs = [line for line in ci.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]

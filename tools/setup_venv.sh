@@ -3,7 +3,13 @@
 # torch 2.13.0 and this package (editable, with its test dependencies; pip
 # builds the native shim with the system C++ compiler).
 #
-#   tools/setup_venv.sh [VENV [PIP-OPTION...]]      VENV defaults to .venv
+#   tools/setup_venv.sh [VENV [--npu] [PIP-OPTION...]]      VENV defaults to .venv
+#
+# --npu: also torch_npu==2.13.0 (the NPU environment, .venv-npu), resolved in
+# the same pip run as the CPU torch, so torch_npu's `torch==2.13.0` is met by
+# the CPU build and pip never takes PyPI's CUDA build for it. Without CANN,
+# `npu-lifetime ... --device npu` there runs over the stand-in CANN runtime
+# (tests/npu_standin) and says so.
 #
 # PyPI's torch for Linux is the CUDA build (torch 527 MB plus triton, 15
 # nvidia-* and 3 cuda-* packages: 2.74 GB to download). The CPU build
@@ -25,6 +31,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 shift || true
+npu=()
+pip_options=()
+for arg in "$@"; do
+    if [ "$arg" = --npu ]; then
+        npu=("${NPL_TORCH_NPU:-torch_npu==2.13.0}")
+    else
+        pip_options+=("$arg")
+    fi
+done
+set -- ${pip_options[@]+"${pip_options[@]}"}
 index=${NPL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 if [ "$(uname -s)" = Linux ]; then
     torch=${NPL_TORCH:-torch==2.13.0+cpu}
@@ -54,7 +70,7 @@ then
     extra=(--extra-index-url "$index")
 fi
 
-if ! "$venv/bin/pip" install "$torch" ${extra[@]+"${extra[@]}"} "$@"; then
+if ! "$venv/bin/pip" install "$torch" ${npu[@]+"${npu[@]}"} ${extra[@]+"${extra[@]}"} "$@"; then
     if [ ${#extra[@]} -gt 0 ]; then
         echo "setup: pip could not install $torch (its message is above)" >&2
     else
@@ -70,3 +86,9 @@ EOF
     exit 1
 fi
 "$venv/bin/pip" install -e '.[test]' "$@"
+# NPU_LIFETIME_SANITIZER's start-up hook: a wheel install puts it in site-packages (setup.py), an editable
+# install does not, so it is put there here (a real venv only: one has pyvenv.cfg)
+if [ -f "$venv/pyvenv.cfg" ]; then
+    packages=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    cp npu_lifetime/startup_hook.pth "$packages/npu_lifetime_sanitizer.pth"
+fi

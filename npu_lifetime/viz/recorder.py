@@ -35,6 +35,7 @@ class Recording:
     sanitizer_findings: list = field(default_factory=list)  # timeline.SanitizerFinding
     notes: list = field(default_factory=list)  # what the reader should know (shown with the pictures)
     stream_names: dict = field(default_factory=dict)  # stream handle -> its role, where known
+    storages_html: str = ""  # with --sanitize: the storages the sanitizer reported on (storage_lines.render)
 
     @property
     def block_count(self) -> int:

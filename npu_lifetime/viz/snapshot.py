@@ -8,13 +8,18 @@ from typing import Optional
 
 from .. import user_script
 from . import lives as lives_mod
-from . import memory_viz, timeline
+from . import memory_viz, storage_lines, timeline
 from .recorder import Recorder, Recording
 
 SIM_SCRIPT_NOTE = (
     "On the simulated device (no CUDA or NPU here) a script's tensors are CPU tensors, which the shim does not "
     "allocate: only direct npu_lifetime.shim calls appear. Run `npu-lifetime snapshot --demo` for a built-in "
     "hand-off on simulated streams, or run the script on a CUDA or NPU machine."
+)
+SIM_SANITIZED_NOTE = (
+    "On the simulated device (no CUDA or NPU here) a script's tensors are CPU tensors, which the shim does not "
+    "allocate, so the block timeline is empty; the storages the sanitizer reported on are drawn under "
+    "'What the sanitizer saw', from what it saw of each (allocation, uses per stream, free, the finding)."
 )
 
 
@@ -72,8 +77,10 @@ def run_script(script: str, args: list, device: str, policy: str, sanitize: bool
     recording = recorder.stop(f"{script} on {device}")
     if check is not None:
         recording.sanitizer_findings = _sanitizer_findings(check)
+        lines = storage_lines.from_findings(check.findings, check.sanitizer.report)
+        recording.storages_html = storage_lines.render(lines, check.sanitizer.describe)
     if device == "sim" and recording.block_count == 0:
-        recording.notes.append(SIM_SCRIPT_NOTE)
+        recording.notes.append(SIM_SCRIPT_NOTE if check is None else SIM_SANITIZED_NOTE)
     return Outcome(recording, ending.failed, script_ending=ending.how, check=check)
 
 
@@ -127,7 +134,8 @@ def write_pictures(outcome: Outcome, prefix: str, max_events: int) -> None:
     page = timeline.Page(source=rec.source, facts=_facts(rec), notice=" ".join(rec.notes),
                          stream_names=rec.stream_names)
     empty = lives_mod.build([], rec.shim_findings)
-    html = timeline.render(lives if lives is not None else empty, page, tuple(rec.sanitizer_findings), max_events)
+    html = timeline.render(lives if lives is not None else empty, page, tuple(rec.sanitizer_findings), max_events,
+                           rec.storages_html)
     with open(outcome.html_path, "w", encoding="utf-8") as f:
         f.write(html)
 

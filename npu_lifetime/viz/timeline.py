@@ -63,9 +63,11 @@ class Page:
     stream_names: dict = field(default_factory=dict)  # stream handle -> a role ("comm")
 
 
-def render(lives: Lives, page: Page, sanitizer_findings: tuple = (), max_events: int = 4000) -> str:
+def render(lives: Lives, page: Page, sanitizer_findings: tuple = (), max_events: int = 4000,
+           storages_html: str = "") -> str:
     """The HTML page.  At most ``max_events`` trace events are drawn (the
-    latest); the tables list every block."""
+    latest); the tables list every block.  ``storages_html``: the section
+    drawing what the sanitizer saw (storage_lines.render), if it ran."""
     start = max(0, lives.end - max_events)
     canvas = _Canvas(lives, start, page.stream_names)
     placed = _place_sanitizer_findings(lives, sanitizer_findings)
@@ -82,6 +84,7 @@ def render(lives: Lives, page: Page, sanitizer_findings: tuple = (), max_events:
         legend=_legend(),
         blocks=_blocks_table(lives),
         findings=_findings_table(lives, placed),
+        storages=f"<h2>What the sanitizer saw</h2>\n{storages_html}" if storages_html else "",
     )
 
 
@@ -440,6 +443,7 @@ table.data th{{background:#f0f0f0}} .bad{{color:#b00}} pre{{margin:0;white-space
 <p>{source}</p>
 <table class="facts">{facts}</table>
 {notices}
+{storages}
 <h2>Timeline</h2>
 <p>One lane per stream; hover any shape for what happened and when (host time from the first event).</p>
 <div class="picture">{svg}</div>
