@@ -22,14 +22,14 @@ NPU_LIFETIME_SHIM_ORACLE=1 timeout "${TEST_LIMIT:-300}" $CS python3 -m pytest -q
   > "$OUT/oracle_tests.log" 2>&1
 echo "1) shim GPU tests in the oracle mode rc=$? $((SECONDS-T0)) s: $(tail -1 "$OUT/oracle_tests.log")"; summary "$OUT/oracle_tests.log"
 # the GPU tests' own buggy hand-off (no record call), alone: the program's bug must be reported
-NPU_LIFETIME_SHIM_ORACLE=1 timeout 120 $CS python3 -m pytest -q -p no:cacheprovider tests/test_gpu_shim.py \
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 60 $CS python3 -m pytest -q -p no:cacheprovider tests/test_gpu_shim.py \
   -k "late_reader_sees_corruption and shim" > "$OUT/oracle_buggy_test.log" 2>&1
 echo "1b) the tests' buggy hand-off rc=$?: $(tail -1 "$OUT/oracle_buggy_test.log")"; summary "$OUT/oracle_buggy_test.log"
-NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py model > "$OUT/oracle_model.log" 2>&1
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 90 $CS python3 tools/oracle_programs.py model > "$OUT/oracle_model.log" 2>&1
 echo "2) model rc=$? $((SECONDS-T0)) s: $(grep '^{' "$OUT/oracle_model.log")"; summary "$OUT/oracle_model.log"
-NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py handoff > "$OUT/oracle_handoff.log" 2>&1
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 60 $CS python3 tools/oracle_programs.py handoff > "$OUT/oracle_handoff.log" 2>&1
 echo "3a) hand-off, the shim rc=$?: $(grep '^{' "$OUT/oracle_handoff.log")"; summary "$OUT/oracle_handoff.log"
-NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS python3 tools/oracle_programs.py buggy > "$OUT/oracle_buggy.log" 2>&1
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 60 $CS python3 tools/oracle_programs.py buggy > "$OUT/oracle_buggy.log" 2>&1
 echo "3c) the hand-off without record_use (the program's bug) rc=$?: $(grep '^{' "$OUT/oracle_buggy.log")"
 summary "$OUT/oracle_buggy.log"
 python3 - <<'PY' > "$OUT/mutant_build.log" 2>&1
@@ -39,7 +39,7 @@ from shim_testing import build_shim
 out = Path("/tmp/npl_mutant"); out.mkdir(exist_ok=True)
 print(build_shim(out, "-DNPL_MUTANT_ORDERED_RELEASE"))
 PY
-NPU_LIFETIME_SHIM=/tmp/npl_mutant/libnpl_mutant.so NPU_LIFETIME_SHIM_ORACLE=1 timeout 300 $CS \
+NPU_LIFETIME_SHIM=/tmp/npl_mutant/libnpl_mutant.so NPU_LIFETIME_SHIM_ORACLE=1 timeout 60 $CS \
   python3 tools/oracle_programs.py handoff > "$OUT/oracle_mutant.log" 2>&1
 echo "3b) hand-off, a shim releasing without waiting rc=$?: $(grep '^{' "$OUT/oracle_mutant.log")"
 summary "$OUT/oracle_mutant.log"
