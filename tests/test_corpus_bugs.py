@@ -95,6 +95,9 @@ def test_oracle_reads_compute_sanitizers_summary():
     assert race.oracle_agrees is True
     race.oracle = {"buggy": 0, "upstream": 1}
     assert race.oracle_agrees is False
+    gap = table.Row(CASES["cudnn_raw_pointer_workspace"].CASE, {})
+    gap.oracle = {"buggy": 0, "declared": 0, "upstream": 0, "record_use": 0}
+    assert gap.oracle_agrees is None  # raw-pointer copies are checked when called: no verdict
     row = _row(1, ["uncovered_free"])
     row.oracle = {"buggy": 1, "upstream": None, "record_use": 0}
     assert row.oracle_agrees is False

@@ -565,3 +565,19 @@ def test_threads_recording_while_the_reaper_polls_lose_nothing(api):
         s.run()
     assert wait_for(lambda: fallback.held() == 0) and api.violations == []
     fallback.stop_background()
+
+
+def test_an_allocator_without_oom_observers_is_no_error(monkeypatch):
+    """torch's cudaMallocAsync backend refuses out-of-memory observers
+    (RuntimeError: "cudaMallocAsync does not yet support
+    attachOutOfMemoryObserver", seen on the H200 from record_use): the
+    fallback then relies on its reaper's polls alone."""
+    import torch
+
+    from npu_lifetime.recording.native_fallback import CudaAPI
+
+    def refuse(observer):
+        raise RuntimeError("cudaMallocAsync does not yet support attachOutOfMemoryObserver")
+
+    monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", refuse, raising=False)
+    CudaAPI.attach_oom_observer(lambda *args: None)  # no error

@@ -596,7 +596,10 @@ class CudaAPI:
     def attach_oom_observer(observer) -> None:
         attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is not None:
-            attach(observer)
+            try:
+                attach(observer)
+            except RuntimeError:  # torch's cudaMallocAsync backend has no observers: the reaper's polls remain
+                pass
 
 
 class NpuAPI(CudaAPI):
@@ -656,7 +659,10 @@ class NpuAPI(CudaAPI):
     def attach_oom_observer(self, observer) -> None:
         attach = getattr(self._c, "_npu_attach_out_of_memory_observer", None)
         if attach is not None:
-            attach(observer)
+            try:
+                attach(observer)
+            except RuntimeError:  # an allocator without observers: the reaper's polls remain
+                pass
 
 
 def _loaded_libraries(name: str) -> list:

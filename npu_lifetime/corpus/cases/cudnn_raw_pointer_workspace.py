@@ -11,7 +11,10 @@ owned workspace), or records it there.
 KNOWN GAP: the sanitizer sees torch's ops only.  A library that reads and
 writes device memory through raw pointers (cuDNN, NCCL called directly, a
 ctypes or custom kernel) makes no access the sanitizer can see, so the
-buggy form passes the check.  compute-sanitizer (on the GPU) sees it.
+buggy form passes the check.  compute-sanitizer does not see it either:
+its stream-ordered race tracking checks a memset or a copy when it is
+called (the workspace is still allocated then), not when it runs; only the
+data shows it (under the debug shim, the buggy form reads the poison).
 A wrapper that states the access (``npu_lifetime.sanitizer.declare_access``,
 the "declared" form: the bug kept, the access declared) makes it visible;
 design/sanitizer.md ("What it does not see") says what more it would take.
@@ -19,6 +22,7 @@ design/sanitizer.md ("What it does not see") says what more it would take.
 import torch
 
 from npu_lifetime.corpus.case import Case, main
+from npu_lifetime.sanitizer import declare_access
 from npu_lifetime.corpus.device import same
 
 CASE = Case(
@@ -43,9 +47,7 @@ def execute(lib, dev, workspace, out, handle_stream, declare=False):
         lib.fill(workspace.data_ptr(), 0x3F, NBYTES, handle_stream)
         dev.slow()
         lib.copy(out.data_ptr(), workspace.data_ptr(), NBYTES, handle_stream)
-        if declare:
-            from npu_lifetime.sanitizer import declare_access
-
+        if declare:  # (imported above: an import here would delay the host past the slow kernel)
             declare_access(workspace, handle_stream, "write", "cudnn execute")
             declare_access(out, handle_stream, "write", "cudnn execute")
 
