@@ -577,15 +577,13 @@ def _corpus(args: argparse.Namespace) -> int:
 
 
 def _device_missing(device: str) -> str:
-    """Why ``device`` cannot run here, or ''."""
-    if device == "sim":
-        return ""
-    from .sanitizer.runner import resolve_device
-    from .sanitizer.runner import CheckError
+    """Why ``device`` cannot run here, or '' (the sanitizer backend's own check)."""
+    from .sanitizer import DeviceUnavailable
+    from .sanitizer.backends import backend_for
 
     try:
-        resolve_device(device)
-    except CheckError as err:
+        backend_for(device).check_available()
+    except DeviceUnavailable as err:
         return str(err)
     return ""
 

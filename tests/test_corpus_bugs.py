@@ -125,3 +125,9 @@ def test_corpus_command_prints_the_table():
 def test_corpus_command_refuses_bad_input(args, message):
     done = _cli(*args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_device_this_machine_lacks_is_one_line_and_exit_2():
+    done = _cli("--device", "cuda")
+    assert done.returncode == 2 and "no CUDA device" in done.stderr and "Traceback" not in done.stderr, done.stderr
