@@ -93,6 +93,11 @@ bool CachingAllocator::await_join(Block* b) {
 // capture into one graph that is not invalidated (and any has a frontier).
 bool CachingAllocator::capture_markers(const CaptureTopology& topo, const Block* b, uint64_t* capture,
                                        std::vector<GraphNode>* markers) {
+    auto note = [&](const std::vector<GraphNode>& nodes) {
+        for (GraphNode n : nodes) {
+            if (std::find(markers->begin(), markers->end(), n) == markers->end()) markers->push_back(n);
+        }
+    };
     auto add = [&](Stream stream) {
         CaptureInfo info;
         int code = 0;
@@ -102,9 +107,7 @@ bool CachingAllocator::capture_markers(const CaptureTopology& topo, const Block*
         }
         if (!info.capturing || info.invalidated || (*capture != 0 && info.id != *capture)) return false;
         *capture = info.id;
-        for (GraphNode n : info.frontier) {
-            if (std::find(markers->begin(), markers->end(), n) == markers->end()) markers->push_back(n);
-        }
+        note(info.frontier);
         return true;
     };
     if (!add(b->stream)) return false;
@@ -116,9 +119,7 @@ bool CachingAllocator::capture_markers(const CaptureTopology& topo, const Block*
         }
         if (u.capture != *capture) return false;  // marked in another capture: the graph can't tell
 #ifndef NPL_MUTANT_CAPTURE_RULE  // a deliberately broken rule, built only by the test that must catch it
-        for (GraphNode n : u.markers) {
-            if (std::find(markers->begin(), markers->end(), n) == markers->end()) markers->push_back(n);
-        }
+        note(u.markers);
 #endif
     }
     return !markers->empty();

@@ -45,7 +45,7 @@ bool CachingAllocator::cross_stream_reuse() const {
 Block* CachingAllocator::foreign_segment(const Pool* p, size_t size) {
     Block* best = nullptr;
     pools_.for_each([&](Pool& q) {
-        if (&q == p || q.device != p->device || q.small != p->small || !q.id.eager() || q.stream == p->stream) return;
+        if (q.stream == p->stream || q.device != p->device || q.small != p->small || !q.id.eager()) return;
         for (Block* b = q.blocks.at_least(size); b != nullptr; b = q.blocks.after(b)) {
             if (b->prev != nullptr || b->next != nullptr || b->segment->expansion != nullptr) continue;
             if (best == nullptr || b->size < best->size) best = b;
