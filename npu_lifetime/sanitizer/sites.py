@@ -61,13 +61,18 @@ def _classify(filename: str) -> int:
         _INTERNAL = (_PACKAGE_DIR + os.sep, stdlib, *_LIBRARIES)
     if filename.startswith(_RUNNERS) or filename == "<frozen runpy>":
         return _RUNNER
-    if filename.startswith(_USER_PROGRAMS):
+    if user_program(filename):
         return _USER
     if filename.startswith(_LIBRARIES) and not filename.endswith(_LIBRARY_NOISE):
         return _LIBRARY
     if filename.startswith("<") or filename.startswith(_INTERNAL):
         return _PASS
     return _USER
+
+
+def user_program(filename: str) -> bool:
+    """One of this package's files that stands for the user's program (the demo, the corpus's cases)."""
+    return filename.startswith(_USER_PROGRAMS)
 
 
 def internal(filename: str) -> bool:

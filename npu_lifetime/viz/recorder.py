@@ -20,7 +20,6 @@ from ..shim import api, hooks
 from .trace import check_events, shim_has_trace
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DEMO = os.path.join(_PACKAGE_DIR, "viz", "demo.py")
 
 
 @dataclass
@@ -113,7 +112,8 @@ def _dropped() -> int:
 
 def user_frames(site) -> list:
     """The site's frames in the viewer's form, innermost first, without
-    this package's (except the demo's), torch's, the standard library's and
+    this package's (except those standing for the user's program:
+    sites.user_program), torch's, the standard library's and
     the console-script launchers' (``bin/npu-lifetime``)."""
     if site is None:
         return []
@@ -125,7 +125,7 @@ def user_frames(site) -> list:
     out = []
     for code, line in site.frames:
         filename = code.co_filename
-        if filename.startswith(tuple(hidden)) and filename != _DEMO:
+        if filename.startswith(tuple(hidden)) and not sites.user_program(filename):
             continue
         out.append({"filename": filename, "line": line, "name": code.co_name})
     return out
