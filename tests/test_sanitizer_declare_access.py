@@ -68,3 +68,24 @@ def test_without_a_sanitizer_it_does_nothing():
 def test_bad_arguments_are_refused(args, kwargs, error):
     with pytest.raises(error):
         declare_access(*args, **kwargs)
+
+
+def test_a_declaration_from_a_worker_thread_is_seen():
+    """A library's calls often run on a worker thread (a prefetcher, a comm thread)."""
+    import threading
+
+    side = sd.Stream()
+    with LifetimeSanitizer("sim") as san:
+        ws = torch.empty(4096, dtype=torch.uint8)
+        side.wait_stream(sd.current_stream())
+
+        def library_call():
+            with sd.stream(side):
+                declare_access(ws, side, "write", "lib.execute")
+
+        worker = threading.Thread(target=library_call)
+        worker.start()
+        worker.join()
+        del ws
+        findings = san.flush()
+    assert [type(f).__name__ for f in findings] == ["UncoveredFree"], san.report(findings)

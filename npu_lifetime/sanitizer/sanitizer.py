@@ -453,9 +453,7 @@ class LifetimeSanitizer:
             access.is_write = is_write
             access.names.append("declared")
             found.append(access)
-        with self._lock:
-            self._stream(stream_key)
-        raised = self.apply_accesses(stream_key, found, site, what)
+        raised = self.apply_accesses(stream_key, found, site, what)  # (it registers an unseen stream)
         if raised is not None:
             raise raised
 
