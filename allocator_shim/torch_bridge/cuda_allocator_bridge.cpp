@@ -539,8 +539,10 @@ class ShimCudaAllocator : public CUDAPluggableAllocator {
             }
             add_block(info.segments[found->second], r);
         }
-        for (int device = 0; device < c10::cuda::device_count(); ++device) history_->on_snapshot(device, active[device], id);
+        // torch's allocator reads a device's trace before it notes the snapshot
+        // there: a snapshot's entry shows in the next snapshot's traces, not its own
         if (include_traces) info.device_traces = history_->traces(c10::cuda::device_count());
+        for (int device = 0; device < c10::cuda::device_count(); ++device) history_->on_snapshot(device, active[device], id);
         info.config_metadata.last_allocator_settings = "npu_lifetime shim";
         note_capture_reuse(info.config_metadata, torch_capture_reuse<cca::CUDAAllocatorConfig>(0), 0);
         return info;

@@ -290,6 +290,7 @@ def history_sequence(allocator):
     del y
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    torch.cuda.memory._snapshot()  # its own entry shows in the next snapshot's traces, not its own
     traces = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
     entries = [[e["action"], e["size"]] for e in traces]
