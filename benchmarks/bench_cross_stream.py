@@ -17,7 +17,12 @@ Configurations, each in a process of its own: torch's allocator; torch's
 (``cudaMemGetInfo``, above the start) after steps 1, 8, 32 and 40, and the
 median step time (host, synchronised each step).
 
-    python benchmarks/bench_cross_stream.py [--steps 40] [--mib 256] [--json F]
+Each pattern runs ``--rounds`` times per configuration, the configurations
+interleaved in a rotating order (a slow moment of the machine then falls on
+every configuration alike); the step time quoted is the median of the
+rounds' medians, with the rounds' range beside it.
+
+    python benchmarks/bench_cross_stream.py [--steps 40] [--pipeline-steps 200] [--rounds 3] [--mib 256] [--json F]
 """
 from __future__ import annotations
 
@@ -94,9 +99,37 @@ def pipeline(steps: int, mib: int) -> dict:
     return {"peak_in_use_mib": max(in_use) / (1 << 20), "step_ms": statistics.median(times[1:])}
 
 
+def _run(name: str, pattern: str, steps: int, mib: int):
+    """One process of ``pattern`` under configuration ``name``: its result, or None if it failed."""
+    env = CONFIGS[name]
+    full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    for key in ("PYTORCH_CUDA_ALLOC_CONF", "NPU_LIFETIME_CROSS_STREAM_REUSE", "NPL_BENCH_SHIM"):
+        if key not in env:
+            full.pop(key, None)
+    done = subprocess.run([sys.executable, __file__, "--worker", pattern, "--steps", str(steps), "--mib", str(mib)],
+                          capture_output=True, text=True, env=full, timeout=600)
+    if done.returncode != 0:
+        print(f"{name} {pattern}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rounds(rounds: list, key: str) -> dict:
+    """The first round's figures, with ``key`` the median over the rounds and its range, and
+    the highest peak."""
+    values = [r[key] for r in rounds]
+    out = {**rounds[0], key: statistics.median(values), f"{key}_range": (min(values), max(values)),
+           "rounds": len(rounds)}
+    if "peak_in_use_mib" in rounds[0]:  # the highest of the rounds' peaks
+        out["peak_in_use_mib"] = max(r["peak_in_use_mib"] for r in rounds)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=40, help="steps of the new-stream pattern")
+    parser.add_argument("--pipeline-steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--json")
     parser.add_argument("--worker", choices=("new_streams", "pipeline"), help=argparse.SUPPRESS)
@@ -109,30 +142,30 @@ def main() -> None:
         run = worker if args.worker == "new_streams" else pipeline
         print(json.dumps(run(args.steps, args.mib)))
         return
-    results, piped = {}, {}
-    for name, env in CONFIGS.items():
-        full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-        for key in ("PYTORCH_CUDA_ALLOC_CONF", "NPU_LIFETIME_CROSS_STREAM_REUSE", "NPL_BENCH_SHIM"):
-            if key not in env:
-                full.pop(key, None)
-        for pattern, into in (("new_streams", results), ("pipeline", piped)):
-            done = subprocess.run([sys.executable, __file__, "--worker", pattern, "--steps", str(args.steps),
-                                   "--mib", str(args.mib)], capture_output=True, text=True, env=full, timeout=600)
-            if done.returncode != 0:
-                print(f"{name} {pattern}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
-                continue
-            into[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    if min(args.steps, args.pipeline_steps, args.rounds, args.mib) < 1:
+        parser.error("--steps, --pipeline-steps, --rounds and --mib must be at least 1")
+    runs = {"new_streams": {}, "pipeline": {}}
+    names = list(CONFIGS)
+    for round_ in range(args.rounds):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            for pattern, steps in (("new_streams", args.steps), ("pipeline", args.pipeline_steps)):
+                got = _run(name, pattern, steps, args.mib)
+                if got is not None:
+                    runs[pattern].setdefault(name, []).append(got)
+    results = {name: _rounds(r, "step_ms") for name, r in runs["new_streams"].items()}
+    piped = {name: _rounds(r, "step_ms") for name, r in runs["pipeline"].items()}
     print(f"a new stream per step, {args.mib} MiB allocated, filled and freed on it; device memory in use above "
           "the start (MiB) after each step; median step ms")
     print(f"{'allocator':20}" + "".join(f"{'step ' + str(m):>10}" for m in MARKS) + f"{'step ms':>10}")
     for name, r in results.items():
         cells = "".join(f"{r['used_mib'].get(str(m), r['used_mib'].get(m, float('nan'))):10.0f}" for m in MARKS)
-        print(f"{name:20}{cells}{r['step_ms']:10.3f}")
+        print(f"{name:20}{cells}{r['step_ms']:10.3f}  ({r['step_ms_range'][0]:.3f}-{r['step_ms_range'][1]:.3f})")
     print(f"\nthe pipeline: a copy stream, two compute streams in turn ({args.mib} MiB activations x2), record_use "
           "hand-offs; peak device memory in use above the start (cudaMemGetInfo at each step's high point), MiB; "
           "median step ms")
     for name, r in piped.items():
-        print(f"{name:20}{r['peak_in_use_mib']:10.0f}{r['step_ms']:10.3f}")
+        print(f"{name:20}{r['peak_in_use_mib']:10.0f}{r['step_ms']:10.3f}  ({r['step_ms_range'][0]:.3f}-"
+              f"{r['step_ms_range'][1]:.3f})")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"new_streams": results, "pipeline": piped}, out, indent=2)
