@@ -12,8 +12,10 @@ the peak device memory in use (cudaMemGetInfo at each step's high point,
 the same measure for every allocator) and the median step time.
 
 Configurations, each in a process of its own: torch's allocator; torch's
-``cudaMallocAsync`` backend; the shim; the shim with cross-stream reuse
-(``NPU_LIFETIME_CROSS_STREAM_REUSE=1``).  Reported: device memory in use
+``cudaMallocAsync`` backend; the shim with cross-stream reuse off (torch's
+per-stream caching, ``NPU_LIFETIME_CROSS_STREAM_REUSE=off``), idle (the
+default: only segments no stream still uses move, with no GPU-side wait)
+and always (segments move behind GPU-side waits).  Reported: device memory in use
 (``cudaMemGetInfo``, above the start) after steps 1, 8, 32 and 40, and the
 median step time (host, synchronised each step).
 
@@ -39,8 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {
     "torch": {},
     "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
-    "shim": {"NPL_BENCH_SHIM": "1"},
-    "shim+cross_stream": {"NPL_BENCH_SHIM": "1", "NPU_LIFETIME_CROSS_STREAM_REUSE": "1"},
+    "shim off": {"NPL_BENCH_SHIM": "1", "NPU_LIFETIME_CROSS_STREAM_REUSE": "off"},
+    "shim idle (default)": {"NPL_BENCH_SHIM": "1"},
+    "shim always": {"NPL_BENCH_SHIM": "1", "NPU_LIFETIME_CROSS_STREAM_REUSE": "always"},
 }
 MARKS = (1, 8, 32, 40)
 

@@ -35,3 +35,18 @@ def env_choice(variable: str) -> str:
     its value, lower-cased, or ``""`` when unset or switched off (0/false/no/off)."""
     value = os.environ.get(variable, "").strip().lower()
     return "" if value in _FALSE else value
+
+
+def env_mode(variable: str, choices: tuple, default: str, on: str, off: str) -> str:
+    """A variable that is a switch or one of ``choices``: ``default`` when unset
+    or empty, ``on`` for a true switch, ``off`` for a false one; ValueError
+    for anything else."""
+    raw = os.environ.get(variable, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in choices:
+        return value
+    if value in _TRUE or value in _FALSE:
+        return on if value in _TRUE else off
+    raise ValueError(f"{variable} must be one of {', '.join(choices)} (or 1/0 for {on}/{off}), not {raw!r}")

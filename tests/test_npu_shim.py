@@ -103,3 +103,18 @@ def test_the_bridges_fallbacks_for_a_foreign_stream_synchronise_its_device():
                          "stream_synchronize_never_met": True}
     assert r["current_device"] == 0 and r["acl_current_device"] == 0  # set back after each
     assert r["findings"] == []
+
+
+@pytest.mark.parametrize("mode", ["off", "idle", "always"])
+def test_cross_stream_reuse_through_the_npu_bridge(mode):
+    """(issue 39) always: the second stream takes the first one's free
+    segment behind a wait through torch_npu's queue; idle: ACL cannot say
+    whether a stream is idle behind the task queue, so nothing moves (only
+    the out-of-memory path would take it, with the wait); off: torch's
+    per-stream caching."""
+    r = run("cross_stream", env={"NPU_LIFETIME_CROSS_STREAM_REUSE": mode})
+    assert r["mode"] == mode and r["y_ok"] and r["findings"] == []
+    moved = mode == "always"
+    assert r["same_address"] == moved and r["cross_stream_segments"] == int(moved)
+    if moved:
+        assert r["stream_waits"] >= 1

@@ -23,15 +23,18 @@ def _fuzz_module():
     return module
 
 
-@pytest.mark.parametrize("cross_stream", [True, False])
-def test_no_seed_sees_an_early_reuse(sim_shim, cross_stream):
-    result = _fuzz_module().fuzz(range(60), cross_stream, 80, lambda *_: None)
+@pytest.mark.parametrize("mode", ["off", "idle", "always"])
+def test_no_seed_sees_an_early_reuse(sim_shim, mode):
+    result = _fuzz_module().fuzz(range(50), mode, 80, lambda *_: None)
     assert result["failures"] == []
     assert result["reuses"] > 100  # reuse really happened, many times
-    assert result["seeds_with_cross_stream_reuse_on"] == (60 if cross_stream else 0)
+    assert result["out_of_memory_answers"] > 0  # and the out-of-memory path ran
+    assert result["seeds_by_cross_stream_mode"][mode] == 50
+    assert (result["cross_stream_segments"] > 0) == (mode != "off")  # segments really moved, or never
 
 
-@pytest.mark.parametrize("mutant, cross_stream", [("-DNPL_MUTANT_CROSS_STREAM", "on"),
+@pytest.mark.parametrize("mutant, cross_stream", [("-DNPL_MUTANT_CROSS_STREAM", "always"),
+                                                  ("-DNPL_MUTANT_CROSS_STREAM", "idle"),
                                                   ("-DNPL_MUTANT_HELD_WAIT", "off")])
 def test_the_fuzz_catches_a_shim_that_reuses_too_early(tmp_path, mutant, cross_stream):
     """Without the cross-stream wait, or without the wait on a block's

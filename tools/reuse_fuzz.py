@@ -15,10 +15,12 @@ owner's), then all to their end, and every live block must hold its owner's
 tag.  A wrong tag is an early reuse.  The allocator's own invariant checker
 (npl_check_invariants) runs after every step.
 
-Policy (poll, lazy_wait, stream_wait), expandable segments and cross-stream
-reuse are drawn per seed, or fixed with --cross-stream on|off.
+Policy (poll, lazy_wait, stream_wait), expandable segments, a device
+memory limit (so the out-of-memory path runs, and with it cross-stream
+reuse's waits there) and the cross-stream reuse mode (off, idle, always)
+are drawn per seed; --cross-stream fixes the mode.
 
-    python tools/reuse_fuzz.py --seeds 4000 --cross-stream on
+    python tools/reuse_fuzz.py --seeds 4000 --cross-stream always
     NPU_LIFETIME_SHIM=path/to/mutant.so python tools/reuse_fuzz.py --seeds 50
 
 Exit status 1 names each failing seed and its first failure."""
@@ -41,6 +43,8 @@ from npu_lifetime.shim.native import library, take_string  # noqa: E402
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = (512, 4 * KIB, 100 * KIB, 1 * MIB, 3 * MIB, 4 * MIB)
 POLICIES = ("poll", "lazy_wait", "stream_wait")
+MODES = ("off", "idle", "always")  # cross-stream reuse
+LIMITS = (16 * MIB, 32 * MIB)  # the simulated device's memory, when one is drawn
 SAFE_HANDOFFS = ("record_use", "record_stream", "join")
 
 
@@ -70,12 +74,14 @@ def _invariant_checker():
 class Program:
     """One seed's random program and its checks."""
 
-    def __init__(self, seed: int, cross_stream: bool | None, steps: int):
+    def __init__(self, seed: int, cross_stream: str | None, steps: int):
         self.rng = random.Random(seed)
         self.steps = steps
-        self.cross_stream = self.rng.random() < 0.5 if cross_stream is None else cross_stream
+        self.cross_stream = self.rng.choice(MODES) if cross_stream is None else cross_stream
         self.policy = self.rng.choice(POLICIES)
         self.expandable = self.rng.random() < 0.2
+        self.limit = self.rng.choice(LIMITS) if self.rng.random() < 0.3 else 0
+        self.ooms = 0
         self.streams = [0x1000 * (i + 1) for i in range(self.rng.randint(2, 4))]
         self.next_stream = 0x100000  # fresh streams, vllm#52950's new stream per step
         self.owners: dict[int, Owner] = {}
@@ -83,6 +89,7 @@ class Program:
         self.last_active: dict[int, int] = {}
         self.clock = 0
         self.reuses = 0  # allocations that got an address a freed owner had held
+        self.cross_stream_segments = 0  # segments taken from another stream's pool
 
     def run(self) -> None:
         shim.reset()
@@ -90,6 +97,8 @@ class Program:
         shim.set_policy(self.policy)
         shim.set_expandable_segments(self.expandable)
         shim.set_cross_stream_reuse(self.cross_stream)
+        shim.sim.set_memory_limit(self.limit)
+        self.illegal_before = shim.sim.illegal_accesses()  # the simulated device's count runs on across resets
         self.freed_addresses: set = set()
         for step in range(self.steps):
             self.step()
@@ -99,6 +108,7 @@ class Program:
         for owner in list(self.owners.values()):
             self.free(owner)
         self.check_tags("end")
+        self.cross_stream_segments = shim.stats()["cross_stream_segments"]
         shim.sim.complete_all()
         shim.process_events()
         self.check_invariants(self.steps)
@@ -133,7 +143,10 @@ class Program:
         size = self.rng.choice(SIZES)
         ptr = shim.alloc(size, 0, stream)
         if ptr == 0:
-            raise Failure(f"alloc({size}) on {stream:#x} failed: {shim.last_oom_message()}")
+            if not self.limit:
+                raise Failure(f"alloc({size}) on {stream:#x} failed: {shim.last_oom_message()}")
+            self.ooms += 1  # the device is full: a lawful answer under a limit
+            return
         if ptr in self.freed_addresses:
             self.reuses += 1
         self.tags = self.tags % 255 + 1
@@ -175,8 +188,9 @@ class Program:
         broken = json.loads(take_string(_invariant_checker()()))
         if broken:
             raise Failure(f"after step {step}: allocator invariants broken: {broken[:3]}")
-        if shim.sim.illegal_accesses():
-            raise Failure(f"after step {step}: {shim.sim.illegal_accesses()} fills touched unmapped memory")
+        illegal = shim.sim.illegal_accesses() - self.illegal_before
+        if illegal:
+            raise Failure(f"after step {step}: {illegal} fills touched unmapped memory")
 
     def check_tags(self, when: str) -> None:
         newest_first = sorted(self.streams, key=lambda s: -self.last_active.get(s, 0))
@@ -193,7 +207,8 @@ class Program:
 
 
 def fuzz(seeds: range, cross_stream: bool | None, steps: int, progress) -> dict:
-    failures, reuses, cross = [], 0, 0
+    failures, reuses, ooms, taken = [], 0, 0, 0
+    modes = dict.fromkeys(MODES, 0)
     started = time.monotonic()
     for n, seed in enumerate(seeds, 1):
         program = Program(seed, cross_stream, steps)
@@ -203,11 +218,15 @@ def fuzz(seeds: range, cross_stream: bool | None, steps: int, progress) -> dict:
             failures.append({"seed": seed, "policy": program.policy, "cross_stream": program.cross_stream,
                              "failure": str(failure)})
         reuses += program.reuses
-        cross += program.cross_stream
+        ooms += program.ooms
+        taken += program.cross_stream_segments
+        modes[program.cross_stream] += 1
         progress(n, len(seeds), len(failures), time.monotonic() - started)
     shim.reset()
+    shim.sim.set_memory_limit(0)
     return {"seeds": len(seeds), "first_seed": seeds.start, "steps": steps, "failures": failures,
-            "seeds_with_cross_stream_reuse_on": cross, "reuses": reuses,
+            "seeds_by_cross_stream_mode": modes, "reuses": reuses, "out_of_memory_answers": ooms,
+            "cross_stream_segments": taken,
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -216,13 +235,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=500, help="how many seeds (default 500)")
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--steps", type=int, default=80, help="operations per program (default 80)")
-    parser.add_argument("--cross-stream", choices=("on", "off", "draw"), default="draw",
-                        help="cross-stream reuse on, off, or drawn per seed (default)")
+    parser.add_argument("--cross-stream", choices=(*MODES, "draw"), default="draw",
+                        help="the cross-stream reuse mode, or drawn per seed (default)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:
         parser.error("--seeds and --steps must be at least 1")
-    cross_stream = {"on": True, "off": False, "draw": None}[args.cross_stream]
+    cross_stream = None if args.cross_stream == "draw" else args.cross_stream
 
     def progress(n, total, failed, seconds):
         tty = sys.stderr.isatty()
@@ -237,8 +256,10 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=1))
     else:
         print(f"{result['seeds']} seeds x {args.steps} steps (seeds {args.start}..{args.start + args.seeds - 1}), "
-              f"cross-stream reuse on in {result['seeds_with_cross_stream_reuse_on']}, "
-              f"{result['reuses']} address reuses: {len(result['failures'])} failures in {result['seconds']} s")
+              f"cross-stream reuse modes {result['seeds_by_cross_stream_mode']}, {result['reuses']} address reuses, "
+              f"{result['out_of_memory_answers']} out-of-memory answers, {result['cross_stream_segments']} segments taken "
+              f"across streams: {len(result['failures'])} failures in "
+              f"{result['seconds']} s")
         for f in result["failures"][:10]:
             print(f"  seed {f['seed']} ({f['policy']}, cross-stream {f['cross_stream']}): {f['failure']}")
     return 1 if result["failures"] else 0

@@ -83,11 +83,17 @@ int npl_get_graph_capture_record_stream_reuse(void);
  * (npl_last_oom_message says why: no such runtime calls, memory held). */
 int npl_set_stream_ordered(int enabled);
 int npl_get_stream_ordered(void);
-/* Cross-stream reuse (off by default): an eager allocation its own stream's
- * pool can't serve takes a whole free segment of another stream's pool,
- * after the allocating stream waited GPU-side on that stream's work so far
- * and on the block's pending events. */
-void npl_set_cross_stream_reuse(int enabled);
+/* Cross-stream reuse (off here by default): an eager allocation its own
+ * stream's pool can't serve takes a whole free segment of another stream's
+ * pool.  IDLE: only once that stream's work and the block's events are
+ * done (no GPU-side wait added); ALWAYS: after the allocating stream waited
+ * GPU-side on that stream's work so far and on the block's pending events.
+ * Both take one with waits before the out-of-memory path releases memory.
+ * Returns 0, or -1 for an unknown mode. */
+#define NPL_CROSS_STREAM_OFF 0
+#define NPL_CROSS_STREAM_ALWAYS 1
+#define NPL_CROSS_STREAM_IDLE 2
+int npl_set_cross_stream_reuse(int mode);
 int npl_get_cross_stream_reuse(void);
 
 void npl_process_events(void); /* poll pending blocks now */

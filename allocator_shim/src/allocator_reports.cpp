@@ -162,7 +162,7 @@ void CachingAllocator::reset() {
     reach_.clear();
     capture_reuse_ = false;
     ordered_ = nullptr;
-    cross_stream_ = false;
+    cross_stream_ = CrossStream::off;
     for (Block* b : spare_blocks_) delete b;
     pools_.clear();
     book_.clear();

@@ -335,8 +335,8 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     Block* b = take_cached(p, rounded, stream);
     if (b != nullptr) {
         p->stats->count(CounterId::cache_hits);
-    } else if (cross_stream_ && !capture && id.eager() && !capturing(stream) &&
-               (b = adopt_foreign(p, rounded, stream)) != nullptr) {
+    } else if (cross_stream_ != CrossStream::off && !capture && id.eager() && !capturing(stream) &&
+               (b = adopt_foreign(p, rounded, stream, cross_stream_ == CrossStream::always)) != nullptr) {
         p->stats->count(CounterId::cache_hits);  // another stream's free segment (cross_stream.cpp)
     } else if ((b = new_segment(p, rounded, stream)) == nullptr) {
         return nullptr;  // out_of_memory_path set the message

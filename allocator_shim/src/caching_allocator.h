@@ -49,6 +49,9 @@ enum class Policy : int {
                       // at reuse; record_stream / note_use events: held until fired (torch's rule)
 };
 
+// Cross-stream reuse's modes (npl_set_cross_stream_reuse's values).
+enum class CrossStream { off = 0, always = 1, idle = 2 };
+
 class CachingAllocator {
    public:
     explicit CachingAllocator(FindingQueue& findings) : findings_(findings) {}
@@ -92,12 +95,14 @@ class CachingAllocator {
     // where the runtime has no stream-ordered memory.
     bool set_stream_ordered(bool on, std::string* why);
     bool stream_ordered() const;
-    // Cross-stream reuse (off by default; cross_stream.cpp): an eager
+    // Cross-stream reuse (off by default here; cross_stream.cpp): an eager
     // allocation its own stream's pool can't serve takes a whole free segment
-    // of another stream's pool, once the allocating stream waits GPU-side on
-    // that stream's work so far and on the block's events.
-    void set_cross_stream_reuse(bool on);
-    bool cross_stream_reuse() const;
+    // of another stream's pool: in `idle` mode only once that stream's work
+    // and the block's events are done (no GPU-side wait added), in `always`
+    // mode behind GPU-side waits on them; both take one with waits before
+    // the out-of-memory path gives cached memory back.
+    void set_cross_stream_reuse(CrossStream mode);
+    CrossStream cross_stream_reuse() const;
     // Debug mode: freed blocks are poisoned and quarantined (0: off).
     void set_debug(bool enabled, size_t quarantine_bytes);
     bool debug() const;
@@ -230,7 +235,9 @@ class CachingAllocator {
     void release(Block* b);  // really free: quarantine (debug) or its pool
     void cache_block(Block* b);
     SegmentSource ordered_source() const;
-    Block* adopt_foreign(Pool* p, size_t size, Stream stream);
+    Block* adopt_foreign(Pool* p, size_t size, Stream stream, bool may_wait);
+    bool events_fired(const Block* b);
+    bool wait_for_stream(Block* b, Stream stream);
     Block* foreign_segment(const Pool* p, size_t size);
     void release_ordered(Block* b);
     void absorb(Block* b, Block* n);
@@ -319,7 +326,7 @@ class CachingAllocator {
     CaptureReach reach_;  // per capture and stream: the nodes at or before its frontier
     bool capture_reuse_ = false;
     const StreamOrderedMemory* ordered_ = nullptr;  // the oracle mode's calls, while it is on
-    bool cross_stream_ = false;
+    CrossStream cross_stream_ = CrossStream::off;
     bool topology_asked_ = false;  // topology_ is the selected runtime's answer
     const CaptureTopology* topology_ = nullptr;
     std::vector<Block*> spare_blocks_;

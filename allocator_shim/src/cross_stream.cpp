@@ -1,4 +1,4 @@
-// Cross-stream reuse, off by default (npl_set_cross_stream_reuse).
+// Cross-stream reuse (npl_set_cross_stream_reuse): off, idle or always.
 //
 // torch's allocator caches per (device, stream): memory one stream freed
 // serves only that stream, so a stream that never allocates again strands
@@ -8,15 +8,27 @@
 // of the same device and size class (the smallest that fits), before the
 // runtime is asked for memory:
 //
-//   1. an event is recorded on the segment's stream now and the allocating
-//      stream waits on it GPU-side: everything that stream queued, its uses
-//      of the block before the free included, comes first;
+//   1. the segment's stream and the block's own events (record_use's, on
+//      other streams):
+//      - if the stream has run all its work (stream_query) and the events
+//        have completed, the segment is idle: it is taken with no GPU-side
+//        wait, so no dependency is added that torch's allocator (a new
+//        segment) would not have had;
+//      - otherwise, in `idle` mode it stays where it is; in `always` mode
+//        an event is recorded on its stream now and the allocating stream
+//        waits on it GPU-side: everything that stream queued, its uses of
+//        the block before the free included, comes first (a runtime that
+//        cannot say whether a stream is idle, ACL, counts as busy);
 //   2. the allocating stream waits on the block's own events still pending
-//      (record_use's, on other streams), as any reuse does (wait_for_held);
+//      (wait_for_held; none are pending under `idle`), as any reuse does;
 //   3. the segment and its block move to the allocating stream's pool.
 //
+// In both modes the out-of-memory path takes one with waits before it
+// gives cached memory back: a GPU-side wait costs less than the device
+// synchronisation a release implies.
+//
 // Why it is safe: every access to the old owner's memory is either on the
-// segment's stream (ordered before the event of step 1) or on a stream the
+// segment's stream (done, or ordered before the event of step 1) or on a stream the
 // block holds an event of (step 2); a record_stream'ed use still pending
 // keeps the block out of the pools altogether (its event must fire first
 // under poll and lazy_wait; under stream_wait it is a held event).  Only
@@ -30,12 +42,12 @@
 
 namespace npl {
 
-void CachingAllocator::set_cross_stream_reuse(bool on) {
+void CachingAllocator::set_cross_stream_reuse(CrossStream mode) {
     Locked lock(this);
-    cross_stream_ = on;
+    cross_stream_ = mode;
 }
 
-bool CachingAllocator::cross_stream_reuse() const {
+CrossStream CachingAllocator::cross_stream_reuse() const {
     Locked lock(this);
     return cross_stream_;
 }
@@ -55,26 +67,48 @@ Block* CachingAllocator::foreign_segment(const Pool* p, size_t size) {
     return best;
 }
 
-Block* CachingAllocator::adopt_foreign(Pool* p, size_t size, Stream stream) {
-    Block* b = foreign_segment(p, size);
-    if (b == nullptr) return nullptr;
-    Event e = acquire_event(p->device);
+// Whether every event b holds has completed (a failed query counts as not).
+bool CachingAllocator::events_fired(const Block* b) {
+    for (const HeldEvent& h : b->held) {
+        int code = 0;
+        if (rt_->event_query(h.event, &code) != Status::ok) return false;
+    }
+    return true;
+}
+
+// The allocating stream waits GPU-side on everything b's stream queued so far.
+bool CachingAllocator::wait_for_stream(Block* b, Stream stream) {
+    Event e = acquire_event(b->device);
     if (e == nullptr || !record(e, b->stream, b, "record_event(cross_stream)")) {
-        if (e != nullptr) events_.make_idle(e, p->device);
-        return nullptr;
+        if (e != nullptr) events_.make_idle(e, b->device);
+        return false;
     }
     int code = 0;
-#ifdef NPL_MUTANT_CROSS_STREAM  // a deliberately unordered reuse, built only by the test that must catch it
-    Status waited = Status::ok;
-#else
     Status waited = rt_->stream_wait_event(stream, e, &code);
-#endif
-    events_.make_idle(e, p->device);
+    events_.make_idle(e, b->device);
     if (waited != Status::ok) {
         runtime_error("stream_wait_event(cross_stream)", code, b, stream);
-        return nullptr;
+        return false;
     }
-    dstats(p->device).count(CounterId::stream_waits);
+    dstats(b->device).count(CounterId::stream_waits);
+    return true;
+}
+
+// Another stream's whole free segment for an allocation of `size` on
+// `stream`, moved to p; nullptr if none (or, without `may_wait`, none idle).
+Block* CachingAllocator::adopt_foreign(Pool* p, size_t size, Stream stream, bool may_wait) {
+    Block* b = foreign_segment(p, size);
+    // a stream captured without torch's knowledge: a query or record there would end up in its graph
+    if (b == nullptr || capturing(b->stream)) return nullptr;
+    int code = 0;
+#ifdef NPL_MUTANT_CROSS_STREAM  // a deliberately unordered reuse, built only by the test that must catch it
+    bool idle = true;
+#else
+    bool idle = rt_->stream_query(b->stream, &code) == Status::ok && events_fired(b);
+#endif
+    // busy and no waiting allowed: taking it would make this stream wait on that one's work
+    if (!idle && (!may_wait || !wait_for_stream(b, stream))) return nullptr;
+    dstats(p->device).count(CounterId::cross_stream_segments);
     pool_erase(b);
     if (!b->held.empty() && !wait_for_held(b, stream)) {
         pool_insert(b);

@@ -188,12 +188,16 @@ NPL_EXPORT int npl_get_stream_ordered(void) {
     return guarded("get_stream_ordered", 0, [] { return shim().allocator.stream_ordered() ? 1 : 0; });
 }
 
-NPL_EXPORT void npl_set_cross_stream_reuse(int enabled) {
-    guarded_void("set_cross_stream_reuse", [&] { shim().allocator.set_cross_stream_reuse(enabled != 0); });
+NPL_EXPORT int npl_set_cross_stream_reuse(int mode) {
+    if (mode != NPL_CROSS_STREAM_OFF && mode != NPL_CROSS_STREAM_ALWAYS && mode != NPL_CROSS_STREAM_IDLE) return -1;
+    return guarded("set_cross_stream_reuse", -1, [&] {
+        shim().allocator.set_cross_stream_reuse(static_cast<npl::CrossStream>(mode));
+        return 0;
+    });
 }
 
 NPL_EXPORT int npl_get_cross_stream_reuse(void) {
-    return guarded("get_cross_stream_reuse", 0, [] { return shim().allocator.cross_stream_reuse() ? 1 : 0; });
+    return guarded("get_cross_stream_reuse", 0, [] { return static_cast<int>(shim().allocator.cross_stream_reuse()); });
 }
 
 NPL_EXPORT void npl_process_events(void) {

@@ -144,6 +144,10 @@ Block* CachingAllocator::out_of_memory_path(Pool* p, size_t size, Stream stream,
         process_events_locked();
         if ((b = take_cached(p, size, stream)) != nullptr) return b;
         drop_fired_events_of_cached(device);
+        // another stream's free segment behind GPU-side waits costs less than the
+        // device synchronisation of giving cached memory back (cross_stream.cpp)
+        if (cross_stream_ != CrossStream::off && p->id.eager() && (b = adopt_foreign(p, size, stream, true)) != nullptr)
+            return b;
     }
     if ((b = retry()) != nullptr) return b;
     if (!frozen) {

@@ -48,6 +48,9 @@ struct Runtime {
     Status (*stream_wait_event)(Stream stream, Event event, int* code);
     Status (*stream_capturing)(Stream stream, bool* capturing, int* code);
     Status (*stream_synchronize)(Stream stream, int* code);
+    // ok: all the stream's work has run; not_ready; unsupported where the
+    // runtime can't say (treated as busy)
+    Status (*stream_query)(Stream stream, int* code);
     Status (*stream_device)(Stream stream, int* device, int* code);  // unsupported: use current_device
     Status (*current_device)(int* device, int* code);
     Status (*memset_async)(void* ptr, int byte, size_t size, Stream stream, int* code);

@@ -34,6 +34,7 @@ struct Api {
     cudaError (*StreamIsCapturing)(void*, int*);
     cudaError (*StreamSynchronize)(void*);
     cudaError (*StreamGetDevice)(void*, int*);  // CUDA >= 12.8; optional
+    cudaError (*StreamQuery)(void*);            // optional (a fake runtime may lack it)
     cudaError (*GetDevice)(int*);
     cudaError (*SetDevice)(int);
     cudaError (*MemsetAsync)(void*, int, size_t, void*);
@@ -104,6 +105,9 @@ Status cu_capturing(Stream stream, bool* capturing, int* code) {
     return s;
 }
 Status cu_stream_sync(Stream stream, int* code) { return status_of(api.StreamSynchronize(stream), code); }
+Status cu_stream_query(Stream stream, int* code) {
+    return api.StreamQuery == nullptr ? Status::unsupported : status_of(api.StreamQuery(stream), code);
+}
 Status cu_stream_device(Stream stream, int* device, int* code) {
     if (api.StreamGetDevice == nullptr || stream == nullptr) return Status::unsupported;
     return status_of(api.StreamGetDevice(stream, device), code);
@@ -258,7 +262,7 @@ const VirtualMemory* cu_virtual_memory(std::string* why) {
 
 const Runtime kCuda = {"cuda",          cu_malloc,        cu_free,        cu_event_create,  cu_event_destroy,
                        cu_event_record, cu_event_query,   cu_event_sync,  cu_stream_wait,   cu_capturing,
-                       cu_stream_sync,  cu_stream_device, cu_current_device, cu_memset,     cu_copy_to_host,
+                       cu_stream_sync,  cu_stream_query, cu_stream_device, cu_current_device, cu_memset,     cu_copy_to_host,
                        cu_memory_total, cu_device_count, cu_error_string, cu_virtual_memory};
 
 bool load(std::string* why) {
@@ -286,6 +290,7 @@ bool load(std::string* why) {
     ok &= resolve(h, "cudaGetDeviceCount", &api.GetDeviceCount, why);
     ok &= resolve(h, "cudaGetErrorString", &api.GetErrorString, why);
     api.StreamGetDevice = reinterpret_cast<cudaError (*)(void*, int*)>(resolve_symbol(h, "cudaStreamGetDevice"));
+    api.StreamQuery = reinterpret_cast<cudaError (*)(void*)>(resolve_symbol(h, "cudaStreamQuery"));
     api.MallocAsync = reinterpret_cast<cudaError (*)(void**, size_t, void*)>(resolve_symbol(h, "cudaMallocAsync"));
     api.FreeAsync = reinterpret_cast<cudaError (*)(void*, void*)>(resolve_symbol(h, "cudaFreeAsync"));
     return ok;

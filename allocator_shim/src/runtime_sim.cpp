@@ -277,6 +277,14 @@ Status sim_stream_sync(Stream stream, int* code) {
     return result(kOk, code);
 }
 
+Status sim_stream_query(Stream stream, int* code) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    SimStream& st = s.streams[stream];
+    *code = kOk;
+    return st.completed >= st.queued ? Status::ok : Status::not_ready;
+}
+
 Status sim_stream_device(Stream, int*, int*) { return Status::unsupported; }
 
 Status sim_current_device(int* device, int* code) {
@@ -354,7 +362,7 @@ Status sim_capturing(Stream stream, bool* capturing, int* code) {
 
 const Runtime kSim = {"sim",          sim_malloc,         sim_free,         sim_event_create,   sim_event_destroy,
                       sim_event_record, sim_event_query,  sim_event_sync,   sim_stream_wait,    sim_capturing,
-                      sim_stream_sync,  sim_stream_device, sim_current_device, sim_memset,      sim_copy_to_host,
+                      sim_stream_sync,  sim_stream_query, sim_stream_device, sim_current_device, sim_memset,      sim_copy_to_host,
                       sim_memory_total, sim_device_count, sim_error_string, sim::detail::virtual_memory};
 
 }  // namespace

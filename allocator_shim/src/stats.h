@@ -39,6 +39,7 @@
     COUNTER(events_created, "runtime events created")                                            \
     COUNTER(events_recorded, "events recorded (record_use, record_stream at free, note_use)")    \
     COUNTER(stream_waits, "GPU-side waits issued when reusing a block")                          \
+    COUNTER(cross_stream_segments, "free segments taken from another stream's pool")             \
     COUNTER(deferred_frees, "frees that had to wait for events")                                 \
     COUNTER(capture_deferred_frees, "frees during a graph capture whose events were deferred")  \
     COUNTER(poison_checks, "quarantined blocks checked before reuse (debug mode)")               \

@@ -186,18 +186,27 @@ def set_stream_ordered(enabled: bool) -> None:
         raise RuntimeError(last_oom_message() or "npu_lifetime: the oracle mode could not be switched")
 
 
-def set_cross_stream_reuse(enabled: bool) -> None:
-    """Cross-stream reuse (off by default): an allocation its stream's pool
-    can't serve takes a whole free segment of another stream's pool, behind
-    GPU-side waits on that stream's work and the block's events
-    (design/allocator-shim.md, "Cross-stream reuse")."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, not {enabled!r}")
-    library().npl_set_cross_stream_reuse(int(enabled))
+CROSS_STREAM_MODES = ("off", "always", "idle")  # npl_set_cross_stream_reuse's values, in order
 
 
-def cross_stream_reuse() -> bool:
-    return bool(library().npl_get_cross_stream_reuse())
+def set_cross_stream_reuse(mode) -> None:
+    """Cross-stream reuse: an allocation its stream's pool can't serve takes a
+    whole free segment of another stream's pool.  ``"idle"``: only once that
+    stream's work and the block's events are done (no GPU-side wait added);
+    ``"always"`` (or True): behind GPU-side waits on them; ``"off"`` (or
+    False): never, torch's per-stream caching (design/allocator-shim.md,
+    "Cross-stream reuse")."""
+    if isinstance(mode, bool):
+        mode = "always" if mode else "off"
+    if mode not in CROSS_STREAM_MODES:
+        raise ValueError(f"cross-stream reuse must be one of {CROSS_STREAM_MODES} (or True/False), not {mode!r}")
+    if library().npl_set_cross_stream_reuse(CROSS_STREAM_MODES.index(mode)) != 0:
+        raise RuntimeError(f"npu_lifetime: cross-stream reuse could not be set to {mode!r}")
+
+
+def cross_stream_reuse() -> str:
+    """The cross-stream reuse mode: ``"off"``, ``"idle"`` or ``"always"``."""
+    return CROSS_STREAM_MODES[library().npl_get_cross_stream_reuse()]
 
 
 def stream_ordered() -> bool:

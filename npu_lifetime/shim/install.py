@@ -11,7 +11,7 @@ import ctypes
 import os
 import warnings
 
-from ..flags import env_flag
+from ..flags import env_flag, env_mode
 from . import api
 from . import arguments as check
 from . import npu_queue, state
@@ -41,6 +41,16 @@ _DEVICES = {
 }
 
 
+CROSS_STREAM_DEFAULT = "idle"  # takes only what no stream still uses: no GPU-side wait added (allocator-shim.md)
+
+
+def cross_stream_mode() -> str:
+    """The cross-stream reuse mode ``install()`` sets: NPU_LIFETIME_CROSS_STREAM_REUSE
+    off (or 0: torch's per-stream caching), idle, always (or 1); unset: idle."""
+    return env_mode("NPU_LIFETIME_CROSS_STREAM_REUSE", api.CROSS_STREAM_MODES, CROSS_STREAM_DEFAULT,
+                    on="always", off="off")
+
+
 def install(
     device: str = "cuda",
     policy: str = api.DEFAULT_POLICY,
@@ -66,6 +76,7 @@ def install(
         _installed = Installed(device, _installed.runtime, policy, debug, _installed.library, _installed.bridge,
                                _installed.hooks)
         return state.record(_installed)
+    cross_stream = cross_stream_mode()  # a bad value refused before anything changes
     runtime, setters = _DEVICES[device]
     memory = _device_memory_module(device)
     try:
@@ -90,8 +101,7 @@ def install(
     _configure(policy, debug, quarantine_bytes)
     if env_flag("NPU_LIFETIME_SHIM_ORACLE"):  # the oracle mode, for compute-sanitizer (api.set_stream_ordered)
         api.set_stream_ordered(True)
-    if env_flag("NPU_LIFETIME_CROSS_STREAM_REUSE"):  # api.set_cross_stream_reuse
-        api.set_cross_stream_reuse(True)
+    api.set_cross_stream_reuse(cross_stream)
     # the CUDA bridge follows torch's own setting at each allocation; otherwise the environment's, once
     if cuda_bridge is None and alloc_conf_expandable(ALLOC_CONF_VARIABLES[device]):
         api.set_expandable_segments(True)

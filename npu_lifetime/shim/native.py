@@ -34,7 +34,7 @@ _PROTOTYPES = {
     "npl_get_graph_capture_record_stream_reuse": (_I, []),
     "npl_set_stream_ordered": (_I, [_I]),
     "npl_get_stream_ordered": (_I, []),
-    "npl_set_cross_stream_reuse": (None, [_I]),
+    "npl_set_cross_stream_reuse": (_I, [_I]),
     "npl_get_cross_stream_reuse": (_I, []),
     "npl_process_events": (None, []),
     "npl_empty_cache": (None, []),

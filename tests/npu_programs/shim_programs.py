@@ -310,9 +310,30 @@ def foreign_stream_device() -> dict:
             "acl_current_device": current.value, "findings": shim.findings()}
 
 
+def cross_stream() -> dict:
+    """A block freed on one torch_npu stream, then an allocation of its size
+    on another: whether the second stream got the first one's segment
+    (the mode comes from NPU_LIFETIME_CROSS_STREAM_REUSE)."""
+    npu_lifetime.install("npu")
+    first, second = torch.npu.Stream(), torch.npu.Stream()
+    with torch.npu.stream(first):
+        x = torch.empty(N, device="npu")
+        x.fill_(1.0)
+        ptr = x.data_ptr()
+        del x
+    with torch.npu.stream(second):
+        y = torch.empty(N, device="npu")
+        y.fill_(2.0)
+    torch.npu.synchronize()
+    s = shim.stats()
+    return {"mode": shim.cross_stream_reuse(), "same_address": y.data_ptr() == ptr, "y_ok": bool((y.cpu() == 2).all()),
+            "cross_stream_segments": s["cross_stream_segments"], "stream_waits": s["stream_waits"],
+            "findings": shim.findings()}
+
+
 PROGRAMS = {f.__name__: f for f in (basics, ordering, memory_functions, out_of_memory, record_use_shim,
                                     record_use_fallback, record_use_fallback_misuse, expandable,
-                                    foreign_stream_device)}
+                                    foreign_stream_device, cross_stream)}
 
 if __name__ == "__main__":
     print(json.dumps(PROGRAMS[sys.argv[1]](*sys.argv[2:])))
