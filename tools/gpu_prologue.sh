@@ -1,0 +1,10 @@
+# Sourced by the GPU scripts: $OUT, the machine and commit in $OUT/machine.txt,
+# the shim and every extension built (the script stops if the build fails).
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+T0=$SECONDS
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  git rev-parse HEAD 2>/dev/null; python3 -c "import sys, torch; print('torch', torch.__version__, sys.version.split()[0])"; } \
+  | tee "$OUT/machine.txt"
+python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "== build $((SECONDS-T0)) s"
