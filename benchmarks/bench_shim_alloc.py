@@ -19,6 +19,11 @@
    With --instructions, also instructions per pair (valgrind's callgrind).
 
     python benchmarks/bench_shim_alloc.py [--rounds 5] [--iters 20000] [--repeats 11] [--instructions]
+        [--json PATH]
+
+With --json, every number printed is also written to PATH as one JSON object
+(torch.empty table per size and variant, C pairs per runtime and size, the
+100 ns goal for the CUDA pair).
 """
 from __future__ import annotations
 
@@ -245,6 +250,7 @@ def main() -> None:
     parser.add_argument("--skip-torch", action="store_true", help="only the C-level pairs")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions per C-level pair with valgrind's callgrind")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
     args = parser.parse_args()
     for name in ('rounds', 'iters', 'repeats'):  # each a count: 0 or less measures nothing
         if getattr(args, name) < 1:
@@ -254,8 +260,12 @@ def main() -> None:
         return
     import torch
 
+    results = {"torch": torch.__version__, "cuda": torch.cuda.is_available(), "torch_empty": None, "c_pairs": {},
+               "instructions": {}}
     if not args.skip_torch and torch.cuda.is_available():
         table = child_table(args.rounds, args.iters, args.repeats)
+        results["device"] = torch.cuda.get_device_name()
+        results["torch_empty"] = {str(key): value for key, value in table.items()}
         how = "side by side on distinct cores" if table["side_by_side"] else "one after another"
         print(f"torch.empty + del, cached, {torch.cuda.get_device_name()}, torch {torch.__version__}: "
               f"{args.rounds} rounds, the variants of a round {how}")
@@ -284,14 +294,21 @@ def main() -> None:
     for runtime in runtimes:
         for size in (4096, 1 << 20):
             r = c_pairs(runtime, size)
+            results["c_pairs"][f"{runtime} {size}"] = r
             if r is not None:
                 print(f"  {runtime:>4} {size:>8} bytes: {r['median_ns']:8.1f} ns/pair "
                       f"(repeats {min(r['repeats_ns']):.1f}..{max(r['repeats_ns']):.1f})")
     if args.instructions:
         for size in (4096, 1 << 20):
             count = c_pair_instructions(size)
+            results["instructions"][str(size)] = count
             print(f"  sim {size:>8} bytes: {count} instructions/pair (callgrind)" if count is not None
                   else "  instructions per pair: valgrind not found")
+
+    cuda_pairs = [r["median_ns"] for key, r in results["c_pairs"].items() if key.startswith("cuda") and r]
+    results["cuda_pair_at_most_100ns"] = all(ns <= 100 for ns in cuda_pairs) if cuda_pairs else None
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
