@@ -41,6 +41,10 @@ _DEVICES = {
 }
 
 
+# the setters through which torch announces each capture's begin and end
+CAPTURE_ANNOUNCERS = {"set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn"}
+
+
 def install(
     device: str = "cuda",
     policy: str = api.DEFAULT_POLICY,
@@ -87,6 +91,9 @@ def install(
     if device == "npu":
         npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
+    # torch opens a pool before each CUDA graph capture and closes it after:
+    # the allocation path trusts that, as torch's allocator does (design D19)
+    api.set_captures_announced(device == "cuda" and CAPTURE_ANNOUNCERS <= set(wired))
     _configure(policy, debug, quarantine_bytes)
     if env_flag("NPU_LIFETIME_SHIM_ORACLE"):  # the oracle mode, for compute-sanitizer (api.set_stream_ordered)
         api.set_stream_ordered(True)
