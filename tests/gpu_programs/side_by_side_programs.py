@@ -446,6 +446,8 @@ def run_rows(allocator, keys):
         except Exception:  # noqa: BLE001 (the traceback is the answer; the other rows still run)
             out[key] = {"error": traceback.format_exc()[-3000:]}
     out["findings"] = ep.findings(allocator)
+    if allocator == "shim":  # install("cuda") trusts torch's pool begin/end as torch's allocator does (design D19)
+        out["captures_announced"] = ep.shim.captures_announced()
     return out
 
 
