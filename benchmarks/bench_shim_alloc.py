@@ -224,7 +224,7 @@ def c_pairs(runtime: str, size: int, mode: str = "plain") -> dict | None:
     return json.loads(done.stdout)
 
 
-def c_pair_instructions(size: int) -> int | None:
+def c_pair_instructions(size: int, mode: str = "plain") -> int | None:
     """Instructions per pair on the simulated runtime, counted by callgrind:
     the difference between runs of 200k and 100k pairs (start-up cancels).
     A count is what a noisy machine cannot blur."""
@@ -237,7 +237,7 @@ def c_pair_instructions(size: int) -> int | None:
         for pairs in (100_000, 200_000):
             out = Path(tmp) / f"callgrind.{pairs}"
             subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", str(exe), _shim_library(),
-                            "sim", str(size), str(pairs), "1"], check=True, capture_output=True)
+                            "sim", str(size), str(pairs), "1", mode], check=True, capture_output=True)
             summary = [line for line in out.read_text().splitlines() if line.startswith(("summary:", "totals:"))]
             totals.append(int(summary[0].split()[1]))
     return (totals[1] - totals[0]) // 100_000
@@ -311,10 +311,11 @@ def main() -> None:
                       f"(repeats {min(r['repeats_ns']):.1f}..{max(r['repeats_ns']):.1f})")
     if args.instructions:
         for size in (4096, 1 << 20):
-            count = c_pair_instructions(size)
-            results["instructions"][str(size)] = count
-            print(f"  sim {size:>8} bytes: {count} instructions/pair (callgrind)" if count is not None
-                  else "  instructions per pair: valgrind not found")
+            for mode in ("plain", "pending", "pending_announced"):
+                count = c_pair_instructions(size, mode)
+                results["instructions"][f"{size} {mode}"] = count
+                print(f"  sim {size:>8} bytes {mode:<17}: {count} instructions/pair (callgrind)" if count is not None
+                      else "  instructions per pair: valgrind not found")
 
     cuda_pairs = [r["median_ns"] for key, r in results["c_pairs"].items() if key.startswith("cuda ") and r]
     results["cuda_pair_at_most_100ns"] = all(ns <= 100 for ns in cuda_pairs) if cuda_pairs else None
