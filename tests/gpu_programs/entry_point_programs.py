@@ -324,6 +324,9 @@ def stats_and_fraction(allocator):
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.enable()  # a crash, even at exit, prints where on stderr
     try:
         print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])), flush=True)
     except BaseException:  # the traceback on stdout too: a GPU run's log shows why, not only the exit status

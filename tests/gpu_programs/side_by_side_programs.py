@@ -11,6 +11,7 @@ prints one JSON object {row key: answer}; a row that raised answers
 {"error": its traceback} instead (the other rows still run), so a GPU run's
 output alone tells what differed and why.
 """
+import faulthandler
 import json
 import sys
 import traceback
@@ -439,7 +440,10 @@ ROWS = {
 
 
 def run_rows(allocator, keys):
-    out = {"setup": ep.setup(allocator)}
+    try:
+        out = {"setup": ep.setup(allocator)}
+    except Exception:  # noqa: BLE001 (no row can run: the traceback is the answer)
+        return {"setup": {"error": traceback.format_exc()[-3000:]}}
     for key in keys:
         try:
             out[key] = ROWS[key](allocator)
@@ -452,4 +456,5 @@ def run_rows(allocator, keys):
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a crash (not an exception) still names its row's line on stderr
     print(json.dumps(run_rows(sys.argv[1], sys.argv[2:] or list(ROWS)), default=str))
