@@ -6,6 +6,8 @@ capture from being polled.  Unannounced (the default: the ACL route, a
 direct C caller) the shim still asks on every allocation while blocks are
 pending (test_shim_caching.py's test_no_polling_while_the_allocating_stream_captures,
 test_shim_acl.py's test_capture_status_from_aclmdlRICaptureGetInfo)."""
+import importlib
+
 import pytest
 
 from conftest import S1, S2
@@ -77,3 +79,14 @@ def test_announced_is_off_by_default_and_after_a_reset(sim_shim):
     assert sim_shim.captures_announced() is False
     with pytest.raises(TypeError):
         sim_shim.set_captures_announced(1)
+
+
+def test_install_announces_captures_only_where_torch_opens_a_pool_for_each():
+    install = importlib.import_module("npu_lifetime.shim.install")  # the module, whatever the package exports
+
+    cuda_setters = tuple(install._DEVICES["cuda"][1])
+    assert install.captures_announced("cuda", cuda_setters + install.CUDA_BRIDGE_ENTRIES)  # the CUDA bridge
+    assert install.captures_announced("cuda", cuda_setters)  # the plain pluggable allocator
+    # NPU_LIFETIME_HOOKS left the capture's end unwired: an allocation asks the runtime again
+    assert not install.captures_announced("cuda", tuple(s for s in cuda_setters if s != "set_end_allocate_to_pool_fn"))
+    assert not install.captures_announced("npu", tuple(install._DEVICES["npu"][1]))  # torch_npu's not wired
