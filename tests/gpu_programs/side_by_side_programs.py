@@ -414,8 +414,11 @@ def row_capture_reuse(_):
     return {"accepted": accepted, "reused": reused, "result": float(b[0])}
 
 
-# The key of each row is its first cell in design/allocator-shim.md's table,
-# backquotes kept (tests/test_gpu_side_by_side.py checks it covers the table).
+# The key of each row is the start of its first cell in design/allocator-shim.md's
+# table, backquotes kept (tests/test_gpu_side_by_side.py checks it covers the
+# table).  Rows run in this order in one process; the last three leave state
+# behind (an OOM observer, IPC-shared memory, a restored checkpoint's blocks,
+# which belong to storages that never free them), so they come last.
 ROWS = {
     "`allocate`, `raw_alloc`, `raw_delete`, `malloc`": row_allocate,
     "`init`, `setMemoryFraction`, `getBaseAllocation`, `recordStream`": row_fraction_and_record_stream,
@@ -428,14 +431,14 @@ ROWS = {
     "`setUseOnOOM`": row_use_on_oom,
     "`setNoSplit`": row_no_split,
     "`checkPoolLiveAllocations`": row_check_pool_live,
-    "`getCheckpointState`, `setCheckpointPoolState`": row_checkpoint,
     "`getDeviceStats`, `resetPeakStats`, `resetAccumulatedStats`, `getMemoryFraction`": row_device_stats,
-    "`shareIpcHandle`, `getIpcDevPtr`": row_ipc,
-    "`attachOutOfMemoryObserver`, `attachAllocatorTraceTracker`": row_observers,
     "expandable segments": row_expandable,
     "`getExpandableSegmentSizes`": row_expandable_sizes,
     "`beginAllocateToPool` nesting": row_nested_pools,
     "`graph_capture_record_stream_reuse` (allocator setting)": row_capture_reuse,
+    "`attachOutOfMemoryObserver`, `attachAllocatorTraceTracker`": row_observers,
+    "`shareIpcHandle`, `getIpcDevPtr`": row_ipc,
+    "`getCheckpointState`, `setCheckpointPoolState`": row_checkpoint,
 }
 
 
