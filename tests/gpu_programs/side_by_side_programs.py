@@ -270,7 +270,10 @@ def row_checkpoint(_):
     """getCheckpointState/setCheckpointPoolState: entry_point_programs'
     round trip (layout and allocated_bytes as they were)."""
     fresh()
+    base = torch.cuda.memory_allocated()  # what earlier rows left live: counted out
     r = ep.checkpoint_layout("as_installed")
+    for phase in ("before", "freed", "after"):
+        r[phase]["allocated"] -= base
     return {k: r[k] for k in ("before", "freed", "after", "error")} | {
         "unknown_pool_refused": r["unknown_pool_refused"] is not None}
 
@@ -437,8 +440,8 @@ ROWS = {
     "`beginAllocateToPool` nesting": row_nested_pools,
     "`graph_capture_record_stream_reuse` (allocator setting)": row_capture_reuse,
     "`attachOutOfMemoryObserver`, `attachAllocatorTraceTracker`": row_observers,
-    "`shareIpcHandle`, `getIpcDevPtr`": row_ipc,
     "`getCheckpointState`, `setCheckpointPoolState`": row_checkpoint,
+    "`shareIpcHandle`, `getIpcDevPtr`": row_ipc,
 }
 
 
