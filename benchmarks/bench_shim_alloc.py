@@ -14,11 +14,19 @@
    override of ``aten::record_stream`` (the route before the hook was wired).
 3. ns per ``npl_alloc`` + ``npl_free`` pair called from C
    (allocator_shim/bench/bench_pairs.cpp), on the simulated runtime and,
-   when present, the CUDA runtime.
+   when present, the CUDA runtime; and on the simulated runtime with a
+   block pending throughout (every allocation polls events), captures not
+   announced (a capture-status query per allocation) and announced (none,
+   as under install("cuda"): design D19).
 
    With --instructions, also instructions per pair (valgrind's callgrind).
 
     python benchmarks/bench_shim_alloc.py [--rounds 5] [--iters 20000] [--repeats 11] [--instructions]
+        [--json PATH]
+
+With --json, every number printed is also written to PATH as one JSON object
+(torch.empty table per size and variant, C pairs per runtime and size, the
+100 ns goal for the CUDA pair).
 """
 from __future__ import annotations
 
@@ -203,12 +211,12 @@ def _shim_library() -> str:
     return str(library_path())
 
 
-def c_pairs(runtime: str, size: int) -> dict | None:
+def c_pairs(runtime: str, size: int, mode: str = "plain") -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         exe = _build_bench_pairs(tmp)
         if exe is None:
             return None
-        done = subprocess.run([str(exe), _shim_library(), runtime, str(size), "1000000", "9"],
+        done = subprocess.run([str(exe), _shim_library(), runtime, str(size), "1000000", "9", mode],
                               capture_output=True, text=True)
     if done.returncode != 0:
         print(f"bench_pairs {runtime}: {done.stderr.strip()}", file=sys.stderr)
@@ -216,7 +224,7 @@ def c_pairs(runtime: str, size: int) -> dict | None:
     return json.loads(done.stdout)
 
 
-def c_pair_instructions(size: int) -> int | None:
+def c_pair_instructions(size: int, mode: str = "plain") -> int | None:
     """Instructions per pair on the simulated runtime, counted by callgrind:
     the difference between runs of 200k and 100k pairs (start-up cancels).
     A count is what a noisy machine cannot blur."""
@@ -229,7 +237,7 @@ def c_pair_instructions(size: int) -> int | None:
         for pairs in (100_000, 200_000):
             out = Path(tmp) / f"callgrind.{pairs}"
             subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", str(exe), _shim_library(),
-                            "sim", str(size), str(pairs), "1"], check=True, capture_output=True)
+                            "sim", str(size), str(pairs), "1", mode], check=True, capture_output=True)
             summary = [line for line in out.read_text().splitlines() if line.startswith(("summary:", "totals:"))]
             totals.append(int(summary[0].split()[1]))
     return (totals[1] - totals[0]) // 100_000
@@ -245,6 +253,7 @@ def main() -> None:
     parser.add_argument("--skip-torch", action="store_true", help="only the C-level pairs")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions per C-level pair with valgrind's callgrind")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
     args = parser.parse_args()
     for name in ('rounds', 'iters', 'repeats'):  # each a count: 0 or less measures nothing
         if getattr(args, name) < 1:
@@ -254,8 +263,12 @@ def main() -> None:
         return
     import torch
 
+    results = {"torch": torch.__version__, "cuda": torch.cuda.is_available(), "torch_empty": None, "c_pairs": {},
+               "instructions": {}}
     if not args.skip_torch and torch.cuda.is_available():
         table = child_table(args.rounds, args.iters, args.repeats)
+        results["device"] = torch.cuda.get_device_name()
+        results["torch_empty"] = {str(key): value for key, value in table.items()}
         how = "side by side on distinct cores" if table["side_by_side"] else "one after another"
         print(f"torch.empty + del, cached, {torch.cuda.get_device_name()}, torch {torch.__version__}: "
               f"{args.rounds} rounds, the variants of a round {how}")
@@ -284,14 +297,30 @@ def main() -> None:
     for runtime in runtimes:
         for size in (4096, 1 << 20):
             r = c_pairs(runtime, size)
+            results["c_pairs"][f"{runtime} {size}"] = r
             if r is not None:
                 print(f"  {runtime:>4} {size:>8} bytes: {r['median_ns']:8.1f} ns/pair "
                       f"(repeats {min(r['repeats_ns']):.1f}..{max(r['repeats_ns']):.1f})")
+    print("  with a block pending throughout (sim): capture status asked per allocation vs captures announced")
+    for size in (4096, 1 << 20):
+        for mode in ("pending", "pending_announced"):
+            r = c_pairs("sim", size, mode)
+            results["c_pairs"][f"sim {size} {mode}"] = r
+            if r is not None:
+                print(f"   sim {size:>8} bytes {mode:<17}: {r['median_ns']:8.1f} ns/pair "
+                      f"(repeats {min(r['repeats_ns']):.1f}..{max(r['repeats_ns']):.1f})")
     if args.instructions:
         for size in (4096, 1 << 20):
-            count = c_pair_instructions(size)
-            print(f"  sim {size:>8} bytes: {count} instructions/pair (callgrind)" if count is not None
-                  else "  instructions per pair: valgrind not found")
+            for mode in ("plain", "pending", "pending_announced"):
+                count = c_pair_instructions(size, mode)
+                results["instructions"][f"{size} {mode}"] = count
+                print(f"  sim {size:>8} bytes {mode:<17}: {count} instructions/pair (callgrind)" if count is not None
+                      else "  instructions per pair: valgrind not found")
+
+    cuda_pairs = [r["median_ns"] for key, r in results["c_pairs"].items() if key.startswith("cuda ") and r]
+    results["cuda_pair_at_most_100ns"] = all(ns <= 100 for ns in cuda_pairs) if cuda_pairs else None
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

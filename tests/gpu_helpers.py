@@ -20,5 +20,5 @@ def run_program(script: str, *args: str, timeout: float = 300) -> dict:
         [sys.executable, str(PROGRAMS / script), *args],
         capture_output=True, text=True, timeout=timeout, env=env,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, f"exit status {done.returncode}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])

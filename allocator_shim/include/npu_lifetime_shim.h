@@ -95,6 +95,16 @@ int npl_get_stream_ordered(void);
 #define NPL_CROSS_STREAM_IDLE 2
 int npl_set_cross_stream_reuse(int mode);
 int npl_get_cross_stream_reuse(void);
+/* Captures are announced (off by default): every graph capture begins with
+ * npl_begin_allocate_to_pool and ends with npl_end_allocate_to_pool, as
+ * torch's CUDA graphs call them (install("cuda") sets it).  An allocation
+ * then polls the pending blocks' events whenever no pool is open, as
+ * torch's allocator does, without asking the runtime whether its stream is
+ * capturing; off, it asks on every allocation while blocks are pending, so a
+ * capture nobody announced (the ACL route, a direct C caller) is never
+ * disturbed by an event query. */
+void npl_set_captures_announced(int announced);
+int npl_get_captures_announced(void);
 
 void npl_process_events(void); /* poll pending blocks now */
 void npl_empty_cache(void);    /* return fully free segments to the runtime */

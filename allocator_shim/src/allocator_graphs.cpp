@@ -17,6 +17,19 @@ void CachingAllocator::begin_allocate_to_pool(int device, PoolId id, StreamFilte
     graph_pools_.begin(device, id, std::move(filter), stream);
 }
 
+// torch's CUDA graphs open a pool before each capture begins and close it
+// after it ends, so with captures announced "no pool is open" means "no
+// capture": the allocation path then polls without asking the runtime.
+void CachingAllocator::set_captures_announced(bool on) {
+    Locked lock(this);
+    captures_announced_ = on;
+}
+
+bool CachingAllocator::captures_announced() const {
+    Locked lock(this);
+    return captures_announced_;
+}
+
 // Whether a stream known to an open capture on `device` really captures
 // (the runtime says so; an unanswered question counts as yes).
 bool CachingAllocator::real_capture_on(int device) {

@@ -163,6 +163,7 @@ void CachingAllocator::reset() {
     capture_reuse_ = false;
     ordered_ = nullptr;
     cross_stream_ = CrossStream::off;
+    captures_announced_ = false;
     for (Block* b : spare_blocks_) delete b;
     pools_.clear();
     book_.clear();

@@ -328,8 +328,9 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
     if (!capture) {
         if (events_.any_deferred()) process_deferred();
         // Pending blocks may have become reusable; never poll from a stream
-        // captured without torch's knowledge either.
-        if (events_.pending_blocks() != 0 && !capturing(stream)) process_events_locked();
+        // captured without torch's knowledge either (asked of the runtime
+        // only where captures are not announced: design D19).
+        if (events_.pending_blocks() != 0 && !unannounced_capture(stream)) process_events_locked();
     }
     Pool* p = pool(PoolKey{device, stream, rounded <= kSmallLimit, id});
     Block* b = take_cached(p, rounded, stream);

@@ -103,6 +103,13 @@ class CachingAllocator {
     // the out-of-memory path gives cached memory back.
     void set_cross_stream_reuse(CrossStream mode);
     CrossStream cross_stream_reuse() const;
+    // Captures are announced (off by default; allocator_graphs.cpp): every
+    // capture on these streams begins with begin_allocate_to_pool and ends
+    // with end_allocate_to_pool (torch's CUDA graphs do), so an allocation
+    // polls events whenever no pool is open, as torch's allocator does,
+    // without asking the runtime whether its stream captures.
+    void set_captures_announced(bool on);
+    bool captures_announced() const;
     // Debug mode: freed blocks are poisoned and quarantined (0: off).
     void set_debug(bool enabled, size_t quarantine_bytes);
     bool debug() const;
@@ -189,6 +196,9 @@ class CachingAllocator {
         return stats_[i];
     }
     bool capturing(Stream stream);
+    // A capture on `stream` that no begin_allocate_to_pool announced: never
+    // when captures are announced (no runtime call), else the runtime's answer.
+    bool unannounced_capture(Stream stream) { return !captures_announced_ && capturing(stream); }
     // No event may be queried, recorded or waited on, and no segment freed:
     // a pool is open (a capture may be underway), unless the out-of-memory
     // path found that no capture really is on its device (thawed_).
@@ -350,6 +360,7 @@ class CachingAllocator {
     bool vm_refused_ = false;         // ... or it failed at first use: plain segments
     int expansions_ = 0;              // expandable segments now
     bool thawed_ = false;  // the out-of-memory path runs with pools open but no capture on its device
+    bool captures_announced_ = false;  // set_captures_announced
     int device_count_ = 0;
 };
 

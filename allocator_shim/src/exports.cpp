@@ -200,6 +200,14 @@ NPL_EXPORT int npl_get_cross_stream_reuse(void) {
     return guarded("get_cross_stream_reuse", 0, [] { return static_cast<int>(shim().allocator.cross_stream_reuse()); });
 }
 
+NPL_EXPORT void npl_set_captures_announced(int announced) {
+    guarded_void("set_captures_announced", [&] { shim().allocator.set_captures_announced(announced != 0); });
+}
+
+NPL_EXPORT int npl_get_captures_announced(void) {
+    return guarded("get_captures_announced", 0, [] { return shim().allocator.captures_announced() ? 1 : 0; });
+}
+
 NPL_EXPORT void npl_process_events(void) {
     guarded_void("process_events", [] { shim().allocator.process_events(); });
 }

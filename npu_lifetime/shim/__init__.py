@@ -41,6 +41,8 @@ from .api import (
     set_stream_ordered,
     set_cross_stream_reuse,
     cross_stream_reuse,
+    set_captures_announced,
+    captures_announced,
     stream_ordered,
     set_memory_fraction,
     set_policy,
@@ -66,6 +68,7 @@ __all__ = [
     "release_pool", "reset",
     "reset_accumulated", "reset_peak", "runtime_name", "select_runtime", "set_debug", "set_expandable_segments",
     "set_graph_capture_record_stream_reuse", "set_stream_ordered", "stream_ordered", "set_cross_stream_reuse", "cross_stream_reuse",
+    "set_captures_announced", "captures_announced",
     "set_memory_fraction", "set_policy", "set_pool_no_split", "set_pool_use_on_oom", "set_trace", "sim", "snapshot", "stat_meanings", "stat_names",
     "stats", "trace",
 ]

@@ -209,6 +209,20 @@ def cross_stream_reuse() -> str:
     return CROSS_STREAM_MODES[library().npl_get_cross_stream_reuse()]
 
 
+def set_captures_announced(announced: bool) -> None:
+    """Every capture begins with begin_allocate_to_pool and ends with
+    end_allocate_to_pool (torch's CUDA graphs: install("cuda") sets it), so
+    an allocation need not ask the runtime whether its stream is capturing
+    before polling events (design D19)."""
+    if not isinstance(announced, bool):
+        raise TypeError(f"announced must be True or False, not {announced!r}")
+    library().npl_set_captures_announced(int(announced))
+
+
+def captures_announced() -> bool:
+    return bool(library().npl_get_captures_announced())
+
+
 def stream_ordered() -> bool:
     return bool(library().npl_get_stream_ordered())
 

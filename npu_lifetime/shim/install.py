@@ -51,6 +51,17 @@ def cross_stream_mode() -> str:
                     on="always", off="off")
 
 
+# the setters through which torch announces each capture's begin and end
+CAPTURE_ANNOUNCERS = {"set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn"}
+
+
+def captures_announced(device: str, wired) -> bool:
+    """torch's CUDA graphs open a pool before each capture and close it after
+    (both setters wired): the shim may trust that, as torch's allocator does.
+    torch_npu's graph-pool hooks are not wired, so on NPU it keeps asking."""
+    return device == "cuda" and CAPTURE_ANNOUNCERS <= set(wired)
+
+
 def install(
     device: str = "cuda",
     policy: str = api.DEFAULT_POLICY,
@@ -98,6 +109,9 @@ def install(
     if device == "npu":
         npu_queue.connect(npu_bridge)  # before the ACL runtime is selected: its events go through the queue
     api.select_runtime(runtime)
+    # torch opens a pool before each CUDA graph capture and closes it after:
+    # the allocation path trusts that, as torch's allocator does (design D19)
+    api.set_captures_announced(captures_announced(device, wired))
     _configure(policy, debug, quarantine_bytes)
     if env_flag("NPU_LIFETIME_SHIM_ORACLE"):  # the oracle mode, for compute-sanitizer (api.set_stream_ordered)
         api.set_stream_ordered(True)

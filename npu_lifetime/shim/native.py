@@ -36,6 +36,8 @@ _PROTOTYPES = {
     "npl_get_stream_ordered": (_I, []),
     "npl_set_cross_stream_reuse": (_I, [_I]),
     "npl_get_cross_stream_reuse": (_I, []),
+    "npl_set_captures_announced": (None, [_I]),
+    "npl_get_captures_announced": (_I, []),
     "npl_process_events": (None, []),
     "npl_empty_cache": (None, []),
     "npl_init": (None, [_I]),

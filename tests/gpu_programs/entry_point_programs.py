@@ -281,11 +281,11 @@ def history_sequence(allocator):
     torch.cuda.memory._record_memory_history(max_entries=100000)
     x = torch.randn(1 << 20, device="cuda")
     del x
-    oom = False
+    oom = None
     try:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
-    except torch.OutOfMemoryError:
-        oom = True
+    except Exception as err:  # noqa: BLE001 (its type is the answer: OutOfMemoryError under both)
+        oom = f"{type(err).__name__}: {str(err)[:200]}"
     y = torch.randn(1 << 20, device="cuda")
     del y
     torch.cuda.synchronize()
@@ -293,7 +293,7 @@ def history_sequence(allocator):
     torch.cuda.memory._snapshot()  # its own entry shows in the next snapshot's traces, not its own
     traces = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
-    entries = [[e["action"], e["size"]] for e in traces]
+    entries = [[e["action"], e.get("size")] for e in traces]
     return {**info, "entries": entries, "oom": oom, "findings": findings(allocator)}
 
 
@@ -325,4 +325,13 @@ def stats_and_fraction(allocator):
 
 
 if __name__ == "__main__":
-    print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])))
+    import faulthandler
+
+    faulthandler.enable()  # a crash, even at exit, prints where on stderr
+    try:
+        print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])), flush=True)
+    except BaseException:  # the traceback on stdout too: a GPU run's log shows why, not only the exit status
+        import traceback
+
+        print(traceback.format_exc(), flush=True)
+        raise
