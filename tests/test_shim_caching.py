@@ -243,3 +243,24 @@ def test_the_simulated_free_waits_for_the_device_and_counts_work_left_on_the_mem
     sim_shim.free(q, 1 << 20, 0, S1)
     sim_shim.empty_cache()  # the shim synchronises S1 before the free: nothing left on it
     assert sim_shim.sim.illegal_accesses() == before + 1
+
+
+def test_reset_accumulated_zeroes_the_counters_torchs_reset_zeroes(sim_shim):
+    """torch's resetAccumulatedStats zeroes num_alloc_retries, num_ooms,
+    num_sync_all_streams, num_device_alloc and num_device_free; the shim
+    kept them (the side-by-side suite on the H200: num_device_alloc 24
+    against torch's 2 after a reset).  Its own diagnostics run on."""
+    sim_shim.sim.set_memory_limit(32 << 20)
+    kept = sim_shim.alloc(20 << 20, 0, S1)
+    assert kept and sim_shim.alloc(30 << 20, 0, S1) == 0  # the out-of-memory path, then an OOM
+    sim_shim.free(kept, 20 << 20, 0, S1)
+    again = sim_shim.alloc(20 << 20, 0, S1)  # a cache hit
+    sim_shim.free(again, 20 << 20, 0, S1)
+    sim_shim.empty_cache()
+    before = sim_shim.stats()
+    torchs = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
+    assert all(before[k] > 0 for k in torchs if k != "num_sync_all_streams") and before["cache_hits"] > 0
+    sim_shim.reset_accumulated(0)
+    after = sim_shim.stats()
+    assert [after[k] for k in torchs] == [0] * 5
+    assert after["cache_hits"] == before["cache_hits"] and after["findings"] == before["findings"]

@@ -64,6 +64,12 @@ void DeviceStats::reset_accumulated() {
     for (auto& row : stats) {
         for (Stat& s : row) s.reset_accumulated();
     }
+    // the counters torch's resetAccumulatedStats zeroes too (the shim's own
+    // diagnostics, cache hits, events, findings..., run on)
+    for (CounterId id : {CounterId::num_alloc_retries, CounterId::num_ooms, CounterId::num_sync_all_streams,
+                         CounterId::num_device_alloc, CounterId::num_device_free}) {
+        counters[static_cast<int>(id)] = 0;
+    }
     for (int pool = 0; pool < kPoolKinds; ++pool) {
         pending_at_reset[0][pool] = stats[static_cast<int>(StatId::pending)][pool].current;
         pending_at_reset[1][pool] = stats[static_cast<int>(StatId::pending_bytes)][pool].current;

@@ -40,16 +40,24 @@ def _blocks(seg):
     return [[b["size"], b["state"]] for b in seg["blocks"]]
 
 
+def _stream_role(handle: int) -> str:
+    """A stream as the same role in both processes (its handle differs):
+    the current stream, the null stream, or another one."""
+    if handle == torch.cuda.current_stream().cuda_stream:
+        return "current"
+    return "null" if handle == 0 else "another"
+
+
 def _segments(pool=None):
-    """Snapshot segments as comparable values: type, total size, stream,
-    blocks (size, state) in address order; the address is only checked to
-    be there (it differs between processes)."""
+    """Snapshot segments as comparable values: type, total size, stream's
+    role, blocks (size, state) in address order; the address is only checked
+    to be there (it differs between processes, as stream handles do)."""
     out = []
     for seg in torch.cuda.memory_snapshot():
         if pool is not None and tuple(seg.get("segment_pool_id", ())) != tuple(pool):
             continue
         out.append({"address_present": isinstance(seg.get("address"), int) and seg["address"] > 0,
-                    "total_size": seg["total_size"], "stream": seg["stream"],
+                    "total_size": seg["total_size"], "stream": _stream_role(seg["stream"]),
                     "segment_type": seg["segment_type"], "blocks": _blocks(seg)})
     return sorted(out, key=lambda s: (s["total_size"], s["blocks"]))
 
