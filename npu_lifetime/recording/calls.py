@@ -361,7 +361,7 @@ def _cuda_route() -> _ShimRoute:
 
 def _npu_route() -> _ShimRoute:
     """Run against the real torch_npu on a stand-in CANN runtime
-    (tests/npu_standin); not on NPU hardware.  Streams become aclrtStreams
+    (tests/platforms/npu_standin); not on NPU hardware.  Streams become aclrtStreams
     through the NPU bridge, without draining torch_npu's task queue."""
     import torch_npu
 

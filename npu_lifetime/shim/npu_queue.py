@@ -14,7 +14,7 @@ into aclrtStreams without draining the queue (``Stream.npu_stream`` drains
 it).
 
 Tested against the real torch_npu on a stand-in CANN runtime
-(``tests/npu_standin``); it has not run on NPU hardware.
+(``tests/platforms/npu_standin``); it has not run on NPU hardware.
 """
 from __future__ import annotations
 
