@@ -62,7 +62,7 @@ def cuda_shim(calls: int, rounds: int) -> dict:
     x = torch.ones(1024, device="cuda")
     event = torch.cuda.Event()
     npu_lifetime.record_use(x, side)  # enables the fast path
-    lib, ptr, handle = shim.native.library(), x.data_ptr(), side.cuda_stream
+    lib, ptr, handle = shim.libnpl.library(), x.data_ptr(), side.cuda_stream
 
     def current_stream_call():
         with torch.cuda.stream(side):
@@ -92,8 +92,8 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     import torch
 
     import npu_lifetime
-    from npu_lifetime.recording import native_fallback
-    from npu_lifetime.recording.native_fallback import FALLBACK
+    from npu_lifetime.recording import torch_allocator_fallback
+    from npu_lifetime.recording.torch_allocator_fallback import FALLBACK
 
     if device_type == "npu":
         import torch_npu  # noqa: F401  (registers torch.npu)
@@ -116,7 +116,7 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     }, calls, rounds)
     module.synchronize()
     fallback = FALLBACK.for_device(device_type)
-    table = getattr(getattr(native_fallback, "Table", None), "__module__", "none: before the table")
+    table = getattr(getattr(torch_allocator_fallback, "Table", None), "__module__", "none: before the table")
     table_object = getattr(fallback, "_table", None)
     events = "raw CUDA events" if getattr(table_object, "uses_runtime", False) else f"torch.{device_type}.Event"
     return {"allocator": f"{device_type} native caching allocator (table: {table}; {events})", "us": out,
@@ -171,7 +171,7 @@ def _fallback_fake_run(calls: int, rounds: int, runtime=None, run=None) -> dict:
 
     import npu_lifetime
     from npu_lifetime.recording import calls as recording_calls
-    from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
+    from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, NativeFallback
 
     class Stream:
         def __init__(self, handle):
@@ -250,7 +250,7 @@ def sim(calls: int, rounds: int) -> dict:
     side = simdevice.Stream()
     x = device.empty(1024, simdevice.default_stream())
     event = simdevice.Event()
-    lib, ptr, handle = shim.native.library(), x.data_ptr(), device.handle(side)
+    lib, ptr, handle = shim.libnpl.library(), x.data_ptr(), device.handle(side)
     with recording.shim_route(device.route):
         npu_lifetime.record_use(x, side)
 

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .native import library
+from .libnpl import library
 from .state import InstallError
 from .streams import device_stream
 

@@ -1,5 +1,5 @@
-"""What the native fallback's device-API test doubles share
-(test_native_fallback.py's FakeAPI, test_native_fallback_cudart.py's
+"""What the torch-allocator fallback's device-API test doubles share
+(test_torch_allocator_fallback.py's FakeAPI, test_torch_allocator_fallback_cudart.py's
 RawAPI): a stream is its ``handle`` and ``device_index``; the calling
 thread's capture state is ``capturing``; record_stream calls, out-of-memory
 observers and the allocator's segments are kept for the test to read."""

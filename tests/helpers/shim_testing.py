@@ -4,7 +4,7 @@ stream progress (allocator_shim/include/npu_lifetime_shim.h)."""
 import ctypes
 import json
 
-from npu_lifetime.shim.native import library, take_string
+from npu_lifetime.shim.libnpl import library, take_string
 
 _bound = False
 

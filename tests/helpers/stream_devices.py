@@ -66,7 +66,7 @@ class CudaDevice:
 
     @staticmethod
     def let_go():
-        """record_use's native fallback holds a storage until its event fired
+        """record_use's torch-allocator fallback holds a storage until its event fired
         (under a sanitizer its calls let go, not its reaper thread): give the
         event time to fire (the device is idle), then let go, telling the
         sanitizer nothing."""

@@ -59,7 +59,7 @@ def test_record_use_traces_under_torch_compile_fullgraph():
         npu_lifetime.record_use(x, side)
         return y
 
-    from npu_lifetime.recording.native_fallback import FALLBACK
+    from npu_lifetime.recording.torch_allocator_fallback import FALLBACK
 
     fallback = FALLBACK.for_device("cuda")
     before = fallback.counts["recorded"]  # counts: a copy, read it again after

@@ -1,6 +1,6 @@
-"""record_use on a real GPU (skipped without one): the native fallback's
+"""record_use on a real GPU (skipped without one): the torch-allocator fallback's
 allocation-stream no-op, capture, resize_(0), per-call cost and fork; the
-fast path under the shim.  Their logic runs on CPU in test_native_fallback.py
+fast path under the shim.  Their logic runs on CPU in test_torch_allocator_fallback.py
 and test_record_use.py."""
 from helpers.gpu_helpers import requires_cuda, run_program
 

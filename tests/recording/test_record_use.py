@@ -114,7 +114,7 @@ def test_compiled_call_without_a_stream_follows_the_current_stream(dev):
 
 
 def test_the_fallback_fast_path_steps_aside_while_dynamo_traces(monkeypatch):
-    """The fast path to the native fallback asks is_dynamo_compiling (one
+    """The fast path to the torch-allocator fallback asks is_dynamo_compiling (one
     Python call, folded to True by dynamo) where the checked path asks
     is_compiling: traced, it must leave the call to the op; eager, it records."""
     torch._dynamo.reset()

@@ -1,5 +1,5 @@
 """NPU_LIFETIME_NATIVE=0 turns off every optional C extension (native_parts.py):
-the sanitizer's, the shim's hook relay and the native fallback's holds
+the sanitizer's, the shim's hook relay and the torch-allocator fallback's holds
 (which ignored the switch before), so the pure-Python paths run."""
 import re
 import subprocess
@@ -11,13 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = """
 import json, sys
 from npu_lifetime.sanitizer import native, threads
-from npu_lifetime.recording import native_fallback
+from npu_lifetime.recording import torch_allocator_fallback
 from npu_lifetime.shim import hooks
 from npu_lifetime.lifetime import model_class
 loaded = sorted(name for name, module in sys.modules.items()
                 if name.startswith("npu_lifetime.") and getattr(module, "__file__", "") and
                 module.__file__.endswith(".so"))
-print(json.dumps({"loaded": loaded, "table": native_fallback.Table.__module__}))
+print(json.dumps({"loaded": loaded, "table": torch_allocator_fallback.Table.__module__}))
 """
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import S1, S2
 
 from npu_lifetime.shim import torch_api
-from npu_lifetime.shim.native import library
+from npu_lifetime.shim.libnpl import library
 from helpers.shim_testing import check_invariants
 
 KiB = 1 << 10

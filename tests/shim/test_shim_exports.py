@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from npu_lifetime.shim.native import library_path
+from npu_lifetime.shim.libnpl import library_path
 
 
 def _exported(library):

@@ -7,7 +7,7 @@ import pytest
 from conftest import S1, S2
 
 from npu_lifetime import shim
-from npu_lifetime.shim.native import library
+from npu_lifetime.shim.libnpl import library
 from helpers.shim_testing import check_invariants, sim_calls
 
 POOL = (7, 0)

@@ -14,7 +14,7 @@ import ctypes
 import pytest
 from conftest import S1, S2
 
-from npu_lifetime.shim.native import library
+from npu_lifetime.shim.libnpl import library
 from helpers.shim_testing import check_invariants
 
 MiB = 1 << 20

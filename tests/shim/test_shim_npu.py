@@ -7,7 +7,7 @@ import pytest
 
 from npu_lifetime import shim
 from npu_lifetime.shim import npu_queue
-from npu_lifetime.shim.native import library
+from npu_lifetime.shim.libnpl import library
 
 A, U = 0x5000, 0x6000
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from conftest import S1, S2, S3, compile_c
 
-from npu_lifetime.shim.native import library, library_path
+from npu_lifetime.shim.libnpl import library, library_path
 from helpers.shim_testing import check_invariants, sim_calls, sim_completed, sim_fail_next
 
 

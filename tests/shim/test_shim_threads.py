@@ -90,7 +90,7 @@ def test_a_free_after_interpreter_exit_with_hooks_set_is_clean(exit_free_library
         import ctypes
         from npu_lifetime import shim
         from npu_lifetime.shim import hooks
-        from npu_lifetime.shim.native import symbol_address
+        from npu_lifetime.shim.libnpl import symbol_address
         shim.select_runtime("sim")
         seen = []
         hooks.subscribe(lambda *a: seen.append(a), lambda *a: seen.append(a))

@@ -100,7 +100,7 @@ def test_lifetime_calls_on_freed_or_unknown_pointers(sim_shim, call):
 
 def test_negative_size_and_null_pointers_do_not_crash(sim_shim):
     # the C entry points torch calls (the Python wrappers refuse -1 first: tests/cli/test_bad_inputs.py)
-    from npu_lifetime.shim.native import library
+    from npu_lifetime.shim.libnpl import library
 
     assert (library().npl_alloc(-1, 0, S1) or 0) == 0
     sim_shim.free(0, 10, 0, S1)

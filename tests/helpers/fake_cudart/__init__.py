@@ -1,4 +1,4 @@
-"""A stand-in CUDA runtime for the native fallback's raw-event path on CPU
+"""A stand-in CUDA runtime for the torch-allocator fallback's raw-event path on CPU
 (fake_cudart.c): built once per source version with the system C compiler,
 loaded with ctypes, then handed to ``_holds.CudaRuntime`` by path, as
 torch's libtorch_cuda.so is on a GPU machine."""

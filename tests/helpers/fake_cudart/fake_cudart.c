@@ -1,5 +1,5 @@
 /* A stand-in for the CUDA runtime calls of npu_lifetime/recording/cuda_runtime.h,
- * for the native fallback's tests on CPU (tests/helpers/fake_cudart/__init__.py builds it).
+ * for the torch-allocator fallback's tests on CPU (tests/helpers/fake_cudart/__init__.py builds it).
  * Streams are handles 0..63 whose queued work runs when a test says so
  * (fake_run); events record a stream's queue position.  It also checks the
  * rules the table must keep: no query while a capture is underway or of an

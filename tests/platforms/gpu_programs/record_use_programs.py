@@ -1,4 +1,4 @@
-"""record_use on CUDA, each program in a fresh process: the native fallback
+"""record_use on CUDA, each program in a fresh process: the torch-allocator fallback
 (no shim) and the fast path under the shim.  The last stdout line is JSON."""
 import json
 import os
@@ -9,7 +9,7 @@ import torch
 
 import npu_lifetime
 from npu_lifetime.recording import calls
-from npu_lifetime.recording.native_fallback import FALLBACK
+from npu_lifetime.recording.torch_allocator_fallback import FALLBACK
 
 SLEEP = 200_000_000  # cycles of torch.cuda._sleep: ~0.1 s, long enough to keep a stream busy
 

@@ -67,7 +67,7 @@ def ordering(policy: str, events: str = "queued") -> dict:
     bridge still resolves streams): its events go straight to ACL."""
     if events == "direct":
         from npu_lifetime.shim import npu_queue
-        from npu_lifetime.shim.native import library
+        from npu_lifetime.shim.libnpl import library
 
         def connect_without_queue_ops(lib):
             npu_queue._bridge = lib
@@ -168,7 +168,7 @@ def record_use_fallback() -> dict:
     storage is held while the side stream's read is pending (the stand-in
     holds that stream), and released once it ran, without another
     record_use call (the fallback's reaper)."""
-    from npu_lifetime.recording import native_fallback
+    from npu_lifetime.recording import torch_allocator_fallback
 
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
@@ -179,11 +179,11 @@ def record_use_fallback() -> dict:
     npu_lifetime.record_use(x, side)
     del x
     time.sleep(0.05)  # the reaper polls every few ms: the event cannot have fired
-    held_while_paused = native_fallback.FALLBACK.held()
+    held_while_paused = torch_allocator_fallback.FALLBACK.held()
     standin.resume(side)
     torch.npu.synchronize()
-    standin.wait_for(lambda: native_fallback.FALLBACK.held() == 0, timeout=5)
-    return {"held_while_paused": held_while_paused, "held_after": native_fallback.FALLBACK.held(),
+    standin.wait_for(lambda: torch_allocator_fallback.FALLBACK.held() == 0, timeout=5)
+    return {"held_while_paused": held_while_paused, "held_after": torch_allocator_fallback.FALLBACK.held(),
             "y_ok": bool((y.cpu() == 2).all())}
 
 
@@ -192,7 +192,7 @@ def record_use_fallback_misuse() -> dict:
     each refused with a RecordUseError saying what to pass, nothing held;
     then the fast path (no checked-path call) for a proper call."""
     from npu_lifetime import simdevice
-    from npu_lifetime.recording import calls, native_fallback
+    from npu_lifetime.recording import calls, torch_allocator_fallback
 
     side = torch.npu.Stream()
     x = torch.ones(N, device="npu")
@@ -207,10 +207,10 @@ def record_use_fallback_misuse() -> dict:
             errors[name] = None
         except Exception as err:  # noqa: BLE001 - the type and words are the result
             errors[name] = f"{type(err).__name__}: {err}"
-    held_after_misuse = native_fallback.FALLBACK.held()
+    held_after_misuse = torch_allocator_fallback.FALLBACK.held()
     npu_lifetime.record_use(torch.ones(8, device="npu"), side)  # the first call enables the fast path
     torch.npu.synchronize()
-    standin.wait_for(lambda: native_fallback.FALLBACK.held() == 0, timeout=5)
+    standin.wait_for(lambda: torch_allocator_fallback.FALLBACK.held() == 0, timeout=5)
     checked = []
     original = calls._record_use_checked
     calls._record_use_checked = lambda *args: (checked.append(args), original(*args))[1]
@@ -219,7 +219,7 @@ def record_use_fallback_misuse() -> dict:
         npu_lifetime.record_use(x, side)
     finally:
         calls._record_use_checked = original
-    held_after_call = native_fallback.FALLBACK.held()
+    held_after_call = torch_allocator_fallback.FALLBACK.held()
     standin.resume(side)
     return {"errors": errors, "held_after_misuse": held_after_misuse, "checked_calls": len(checked),
             "held_after_call": held_after_call}

@@ -1,4 +1,4 @@
-"""The native fallback's logic against a fake device API whose streams run
+"""The torch-allocator fallback's logic against a fake device API whose streams run
 when the test says so (the same class runs over torch.cuda in
 test_gpu_record_use.py): no-op on the allocation stream, one live event per
 (storage, stream), reclaiming that costs what completed, release without
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import wait_for
 from helpers.fallback_doubles import DeviceAPIDouble
-from npu_lifetime.recording import _holds_py, native_fallback
-from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
+from npu_lifetime.recording import _holds_py, torch_allocator_fallback
+from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, NativeFallback
 
 try:
     from npu_lifetime.recording import _holds
@@ -33,7 +33,7 @@ def table_class(request, monkeypatch):
         cls = _holds.Table
     else:
         cls = _holds_py.Table
-    monkeypatch.setattr(native_fallback, "Table", cls)
+    monkeypatch.setattr(torch_allocator_fallback, "Table", cls)
     return cls
 
 
@@ -472,7 +472,7 @@ def test_an_event_record_that_fails_leaves_nothing_held(api, fallback):
     def failing(event, stream):
         raise RuntimeError("device error")
 
-    fallback._table = native_fallback.Table(  # the same table, its record_event failing
+    fallback._table = torch_allocator_fallback.Table(  # the same table, its record_event failing
         record_event=failing, query=api.query, new_event=api.new_event, is_capturing=api.is_capturing,
         record_stream=api.record_stream, handle=api.handle, device_index=api.device_index,
         first_use=fallback._first_use, on_first=lambda: None, device_flag="is_cpu",
@@ -574,7 +574,7 @@ def test_an_allocator_without_oom_observers_is_no_error(monkeypatch):
     fallback then relies on its reaper's polls alone."""
     import torch
 
-    from npu_lifetime.recording.native_fallback import CudaAPI
+    from npu_lifetime.recording.torch_allocator_fallback import CudaAPI
 
     def refuse(observer):
         raise RuntimeError("cudaMallocAsync does not yet support attachOutOfMemoryObserver")

@@ -1,7 +1,7 @@
-"""The native fallback's raw-event path (``_holds.CudaRuntime``: events
+"""The torch-allocator fallback's raw-event path (``_holds.CudaRuntime``: events
 made, recorded and queried through the CUDA runtime from C, a poll without
 the GIL) against a stand-in libcudart (tests/helpers/fake_cudart) whose streams run
-when the test says so.  The rules are test_native_fallback.py's: one live
+when the test says so.  The rules are test_torch_allocator_fallback.py's: one live
 event per (storage, stream), reclaiming what completed, capture, resize_(0),
 fork; plus the runtime's own: every status checked, a not-ready or failed
 call leaves no error behind for torch, events on the stream's device.  On a
@@ -20,8 +20,8 @@ from helpers.fake_cudart import (CREATED, DESTROYED, FAIL_CREATE, FAIL_QUERY, FA
                          RECORDS, SET_DEVICE, SYNCS, VIOLATIONS)
 from conftest import wait_for
 from helpers.fallback_doubles import DeviceAPIDouble
-from npu_lifetime.recording import _holds_py, native_fallback
-from npu_lifetime.recording.native_fallback import CaptureGate, CudaAPI, NativeFallback, NpuAPI
+from npu_lifetime.recording import _holds_py, torch_allocator_fallback
+from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, CudaAPI, NativeFallback, NpuAPI
 
 _holds = pytest.importorskip("npu_lifetime.recording._holds", reason="the raw-event path is the extension's")
 FAKE = fake_cudart.FakeCudart()
@@ -447,7 +447,7 @@ def test_a_table_takes_a_runtime_or_none(api):
 
 def test_the_runtime_is_found_among_the_loaded_libraries(fake):
     name = os.path.basename(fake.path)
-    assert fake.path in native_fallback._loaded_libraries(name)
+    assert fake.path in torch_allocator_fallback._loaded_libraries(name)
 
 
 def test_without_a_cuda_build_or_on_npu_events_go_through_the_device_api(monkeypatch):
@@ -462,5 +462,5 @@ def test_without_a_cuda_build_or_on_npu_events_go_through_the_device_api(monkeyp
 def test_a_cuda_build_loads_the_runtime_from_torchs_library(monkeypatch, fake):
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.delenv("NPU_LIFETIME_TORCH_EVENTS", raising=False)
-    monkeypatch.setattr(native_fallback, "_loaded_libraries", lambda name: ["/not/loaded/" + name, fake.path])
+    monkeypatch.setattr(torch_allocator_fallback, "_loaded_libraries", lambda name: ["/not/loaded/" + name, fake.path])
     assert isinstance(CudaAPI.runtime(), _holds.CudaRuntime)
