@@ -4,34 +4,14 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 from npu_lifetime.cli import main
-
-HANDOFF = """
-import torch
-import npu_lifetime
-from npu_lifetime import simdevice as sd
-
-side = sd.Stream()
-x = torch.ones(32)
-side.wait_stream(sd.default_stream())
-with sd.stream(side):
-    y = x * 2
-{fix}
-del x
-"""
-
-
-def script(tmp_path, body, name="prog.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
+from helpers.scripts import REUSED, forgotten_handoff, plugin_registered, write_script
 
 
 def test_check_fails_on_a_latent_free_and_says_it_is_latent(tmp_path, capsys):
     out = tmp_path / "report.json"
-    path = script(tmp_path, HANDOFF.format(fix=""))
+    path = write_script(tmp_path, forgotten_handoff())
     assert main(["check", "--device", "sim", "--json", str(out), path]) == 1
     text = capsys.readouterr().out
     assert "1 fail the check" in text and "[uncovered free, latent]" in text
@@ -47,38 +27,9 @@ def test_check_fails_on_a_latent_free_and_says_it_is_latent(tmp_path, capsys):
     assert finding["fails"] is False and finding["not_failing"].startswith("latent")
 
 
-REUSED = """
-import ctypes
-import torch
-from npu_lifetime import simdevice as sd
-from npu_lifetime.recording import watchers
-
-pool = (ctypes.c_float * 1024)()
-
-
-def from_pool(n):  # a toy allocator that always hands out the same memory
-    t = torch.frombuffer(pool, dtype=torch.float32, count=n)
-    watchers.track_allocation(t, sd.current_stream())
-    return t
-
-
-side = sd.Stream()
-x = from_pool(1024)
-x.fill_(1.0)
-address = x.data_ptr()
-side.wait_stream(sd.default_stream())
-with sd.stream(side):
-    y = x.sum()
-del x  # uncovered: the read on side may still be queued
-z = from_pool(512)  # a new owner of half that memory, on the default stream
-z.fill_(7.0)  # not ordered after the read on side: the corruption itself
-print("reused", z.data_ptr() == address)
-"""
-
-
 def test_check_fails_on_a_reuse_race_and_the_free_it_made_actual(tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert main(["check", "--device", "sim", "--json", str(out), script(tmp_path, REUSED)]) == 1
+    assert main(["check", "--device", "sim", "--json", str(out), write_script(tmp_path, REUSED)]) == 1
     text = capsys.readouterr().out
     assert "reused True" in text  # the memory really went to a new owner
     kinds = {f["kind"]: f for f in json.loads(out.read_text())["findings"]}
@@ -91,31 +42,31 @@ def test_check_rejects_a_missing_script_and_an_absent_device(tmp_path, capsys):
     assert main(["check", "--device", "sim", str(tmp_path / "missing.py")]) == 2
     assert "no such script" in capsys.readouterr().err
     if not __import__("torch").cuda.is_available():
-        assert main(["check", "--device", "cuda", script(tmp_path, "print('ran')")]) == 2
+        assert main(["check", "--device", "cuda", write_script(tmp_path, "print('ran')")]) == 2
         captured = capsys.readouterr()
         assert "no CUDA device" in captured.err and "ran" not in captured.out
 
 
 def test_check_exits_0_when_clean(tmp_path, capsys):
-    path = script(tmp_path, HANDOFF.format(fix="npu_lifetime.record_use(x, side)"))
+    path = write_script(tmp_path, forgotten_handoff("npu_lifetime.record_use(x, side)"))
     assert main(["check", "--device", "sim", path]) == 0
     assert "no findings" in capsys.readouterr().out
 
 
 def test_check_exits_3_when_the_script_fails_cleanly(tmp_path):
-    assert main(["check", "--device", "sim", script(tmp_path, "raise SystemExit(4)")]) == 3
-    assert main(["check", "--device", "sim", script(tmp_path, "1 / 0", "boom.py")]) == 3
+    assert main(["check", "--device", "sim", write_script(tmp_path, "raise SystemExit(4)")]) == 3
+    assert main(["check", "--device", "sim", write_script(tmp_path, "1 / 0", "boom.py")]) == 3
 
 
 def test_check_passes_arguments_to_the_script(tmp_path, capsys):
-    path = script(tmp_path, "import sys; print('args', sys.argv[1:])")
+    path = write_script(tmp_path, "import sys; print('args', sys.argv[1:])")
     assert main(["check", "--device", "sim", path, "--flag", "7"]) == 0
     assert "args ['--flag', '7']" in capsys.readouterr().out
 
 
 def test_check_live_storages_are_listed_and_fail_only_when_strict(tmp_path, capsys):
-    body = HANDOFF.format(fix="").replace("del x", "keep = x")
-    path = script(tmp_path, body)
+    body = forgotten_handoff().replace("del x", "keep = x")
+    path = write_script(tmp_path, body)
     assert main(["check", "--device", "sim", path]) == 0  # nothing was freed
     assert "[uncovered use, still alive]" in capsys.readouterr().out
     assert main(["check", "--device", "sim", "--strict", path]) == 1
@@ -171,18 +122,12 @@ def test_fixture(lifetime_sanitizer):
 """
 
 
-def _plugin_registered() -> bool:
-    from importlib.metadata import entry_points
-
-    return any(ep.value == "npu_lifetime.pytest_plugin" for ep in entry_points(group="pytest11"))
-
-
 def test_pytest_plugin_fails_tests_with_findings(tmp_path):
     (tmp_path / "test_user.py").write_text(PLUGIN_TESTS)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root)
     # installed, the plugin loads by its entry point; from a bare checkout, by -p
-    load = [] if _plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
+    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
         capture_output=True, text=True, cwd=tmp_path, env=env,
@@ -199,7 +144,7 @@ def test_pytest_plugin_fails_tests_with_findings(tmp_path):
 
 
 def test_snapshot_shows_blocks_streams_and_events(tmp_path, capsys, sim_shim):
-    path = script(tmp_path, """
+    path = write_script(tmp_path, """
         from npu_lifetime import shim
         p = shim.alloc(4096, 0, 0x10)
         shim.record_stream(p, 0x30)
@@ -222,7 +167,7 @@ def test_bench_runs_a_benchmark_script_and_lists_unknown_names(capsys):
 def test_sites_show_user_frames_only(tmp_path):
     """No launcher, runpy, CLI or pytest frame in any site: only the script's."""
     out = tmp_path / "report.json"
-    path = script(tmp_path, HANDOFF.format(fix=""))
+    path = write_script(tmp_path, forgotten_handoff())
     main(["check", "--device", "sim", "--json", str(out), path])
     [finding] = json.loads(out.read_text())["findings"]
     sites = [finding["alloc_site"], finding["free_site"], finding["last_use"]["site"]]

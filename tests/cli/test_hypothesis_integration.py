@@ -65,10 +65,10 @@ def test_needs_cuda():
 
 
 def run_pytest(tmp_path, *args):
-    from test_check_cli_and_plugin import _plugin_registered
+    from helpers.scripts import plugin_registered
 
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
-    load = [] if _plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
+    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *load,
                            "test_user.py", *args], capture_output=True, text=True, cwd=tmp_path, env=env,

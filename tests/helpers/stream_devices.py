@@ -116,3 +116,15 @@ DEVICES = [
                                  "in the torch_npu environment over the stand-in CANN runtime)"),
     ),
 ]
+
+
+def used_on_side(size: int = 8, dev=SimDevice, use=lambda x: x.sum()):
+    """x, made on DEV's default stream, used (read, unless USE says otherwise)
+    on a side stream that waited for it: the first half of every hand-off
+    (record_use or the bug comes next)."""
+    side = dev.Stream()
+    x = dev.ones(size)
+    side.wait_stream(dev.default_stream())
+    with dev.stream(side):
+        use(x)
+    return x, side

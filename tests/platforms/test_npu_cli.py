@@ -8,6 +8,7 @@ import subprocess
 
 from helpers.npu_helpers import PROGRAMS, REPO, npu_environment, require_npu_python
 from helpers.pasted_fixes import assert_each_fix_passes
+from helpers.scripts import missing_handoff_on
 
 
 def cli(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -15,8 +16,8 @@ def cli(*args, timeout=300) -> subprocess.CompletedProcess:
                           timeout=timeout, env=npu_environment(), cwd=str(REPO))
 
 
-def test_check_fails_a_missing_hand_off_on_npu():
-    done = cli("check", "--device", "npu", str(PROGRAMS / "script_missing_handoff.py"))
+def test_check_fails_a_missing_hand_off_on_npu(tmp_path):
+    done = cli("check", "--device", "npu", str(missing_handoff_on("npu", tmp_path)))
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert "uncovered free" in done.stdout and "(npu:0)" in done.stdout
     assert "script_missing_handoff.py:" in done.stdout  # the sites are the script's lines
@@ -27,7 +28,7 @@ def test_each_suggested_fix_on_npu_pasted_into_the_script_makes_it_pass(tmp_path
     # Stream(), the default stream among them: both streams were named
     # `side`, and a fix read `side.wait_stream(side)`
     assert_each_fix_passes(lambda path: cli("check", "--device", "npu", str(path)),
-                           PROGRAMS / "script_missing_handoff.py",
+                           missing_handoff_on("npu", tmp_path),
                            ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
                             "torch.npu.default_stream(0).wait_stream(side)"], tmp_path)
 

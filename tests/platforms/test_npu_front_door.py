@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.npu_helpers import ON_STANDIN, PROGRAMS, require_npu_python
+from helpers.npu_helpers import ON_STANDIN, require_npu_python
+from helpers.scripts import forgotten_handoff, missing_handoff_on, write_script
 
 pytestmark = pytest.mark.skipif(not ON_STANDIN, reason="a machine with CANN never uses the stand-in")
 
@@ -35,8 +36,8 @@ def _no_traceback(done: subprocess.CompletedProcess) -> None:
         done.stderr[-3000:]
 
 
-def test_check_on_npu_runs_the_users_script_on_the_stand_in_and_says_so():
-    done = _as_a_user("check", "--device", "npu", str(PROGRAMS / "script_missing_handoff.py"))
+def test_check_on_npu_runs_the_users_script_on_the_stand_in_and_says_so(tmp_path):
+    done = _as_a_user("check", "--device", "npu", str(missing_handoff_on("npu", tmp_path)))
     _no_traceback(done)
     assert done.stderr.splitlines()[0] == STANDIN_LINE
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]  # the forgotten hand-off, found
@@ -55,15 +56,15 @@ def test_the_readmes_gpu_example_on_npu_passes_on_the_stand_in(tmp_path):
     assert "npu_lifetime: no findings" in done.stdout and STANDIN_LINE in done.stderr
 
 
-def test_the_simulated_device_runs_without_torch_npu():
-    done = _as_a_user("check", "--device", "sim", str(PROGRAMS / "sim_missing_handoff.py"))
+def test_the_simulated_device_runs_without_torch_npu(tmp_path):
+    done = _as_a_user("check", "--device", "sim", write_script(tmp_path, forgotten_handoff()))
     _no_traceback(done)
     assert done.returncode == 1 and "uncovered free" in done.stdout, done.stdout + done.stderr[-3000:]
     assert STANDIN_LINE not in done.stderr
 
 
 def test_without_a_stand_in_to_build_it_is_one_line_and_exit_2(tmp_path):
-    done = _as_a_user("check", "--device", "npu", str(PROGRAMS / "script_missing_handoff.py"),
+    done = _as_a_user("check", "--device", "npu", str(missing_handoff_on("npu", tmp_path)),
                       env={"NPU_STANDIN_CACHE": str(tmp_path / "cache"), "CC": str(tmp_path / "no-cc")})
     _no_traceback(done)
     assert done.returncode == 2, done.stdout + done.stderr

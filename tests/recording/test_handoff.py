@@ -96,24 +96,6 @@ def test_event_stash_helper_covers_the_free():
     assert san.flush() == []
 
 
-def test_tensor_record_use_method_is_opt_in():
-    assert not hasattr(torch.Tensor, "record_use")
-    npu_lifetime.recording.install_tensor_method()
-    try:
-        san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-        with san:
-            side = sd.Stream()
-            x = torch.ones(4)
-            side.wait_stream(sd.default_stream())
-            with sd.stream(side):
-                x.sum()
-            x.record_use(side)
-            del x
-        assert san.flush() == []
-    finally:
-        del torch.Tensor.record_use
-
-
 def test_record_use_hand_off_reaches_the_shim(device):
     result = run(device, RecordUseHandoff, "poll")
     assert result.findings == [] and shim.stats()["events_recorded"] > 0  # the harness's record_use attached events

@@ -11,6 +11,7 @@ from npu_lifetime.handoff import SimHandoffDevice
 from npu_lifetime.recording import RecordUseError, shim_route
 from npu_lifetime.recording import calls as record_use_calls
 from npu_lifetime.sanitizer import LifetimeSanitizer
+from helpers.stream_devices import used_on_side
 
 
 @pytest.fixture
@@ -167,11 +168,7 @@ def test_a_freed_storage_is_refused(dev):
 def test_without_a_route_cpu_tensors_only_inform_the_sanitizer(sim_shim):
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
     with san:
-        side = sd.Stream()
-        x = torch.ones(4)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side(4)
         npu_lifetime.record_use(x, side)
         del x
     assert san.flush() == [] and shim.stats()["events_recorded"] == 0
@@ -184,11 +181,7 @@ def test_tensor_record_use_method_is_opt_in():
     try:
         san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
         with san:
-            side = sd.Stream()
-            x = torch.ones(4)
-            side.wait_stream(sd.default_stream())
-            with sd.stream(side):
-                x.sum()
+            x, side = used_on_side(4)
             x.record_use(side)
             del x
         assert san.flush() == []

@@ -14,8 +14,9 @@ import npu_lifetime
 from npu_lifetime.lifetime import UncoveredFree
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
-from helpers.gpu_helpers import PROGRAMS, requires_cuda, run_program
+from helpers.gpu_helpers import requires_cuda, run_program
 from helpers.pasted_fixes import assert_each_fix_passes
+from helpers.scripts import missing_handoff_on
 
 pytestmark = requires_cuda
 
@@ -184,7 +185,7 @@ def test_each_suggested_fix_on_cuda_pasted_into_the_script_makes_it_pass(tmp_pat
         return subprocess.run([sys.executable, "-m", "npu_lifetime.cli", "check", "--device", "cuda", str(path)],
                               capture_output=True, text=True, env=env, timeout=300)
 
-    assert_each_fix_passes(check, PROGRAMS / "script_missing_handoff.py",
+    assert_each_fix_passes(check, missing_handoff_on("cuda", tmp_path),
                            ["npu_lifetime.record_use(x, side)", "x.record_stream(side)",
                             "torch.cuda.default_stream(0).wait_stream(side)"], tmp_path)
 

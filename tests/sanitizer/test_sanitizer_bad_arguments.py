@@ -11,10 +11,7 @@ import torch
 
 from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer
-
-
-def sanitizer():
-    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
+from helpers.collecting import sanitizer
 
 
 @pytest.mark.parametrize("call", [

@@ -14,6 +14,7 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.lifetime import DataRace
 from npu_lifetime.sanitizer import LifetimeSanitizer
 from npu_lifetime.sanitizer.accesses import op_accesses
+from helpers.stream_devices import used_on_side
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -72,11 +73,7 @@ def test_all_to_all_single_writes_its_output(world):
 
 def test_the_collective_starts_after_the_current_stream(world):
     def run():
-        side = sd.Stream()
-        x = torch.ones(16)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.mul_(3)
+        x, side = used_on_side(16, use=lambda x: x.mul_(3))
         sd.default_stream().wait_stream(side)
         dist.all_reduce(x)  # launched from the default stream, which waited for side
         side.wait_stream(sd.default_stream())

@@ -16,6 +16,7 @@ from npu_lifetime.cli import main
 from npu_lifetime.lifetime import ReuseOutcome, UncoveredFree
 from npu_lifetime.sanitizer.reporting import GroupInfo, Policy
 from npu_lifetime.sanitizer.suppressions import Suppressions, SuppressionsError
+from helpers.scripts import write_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,14 +43,8 @@ step()
 """
 
 
-def write(tmp_path, body, name="prog.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
-
-
 def test_the_dropped_side_stream_tensor_fails_check_20_of_20_runs(tmp_path, capsys):
-    path = write(tmp_path, DROPPED)
+    path = write_script(tmp_path, DROPPED)
     codes, actual = [], 0
     for _ in range(20):
         out = tmp_path / "r.json"
@@ -82,9 +77,9 @@ def test_the_dropped_side_stream_tensor_fails_under_the_fixture_every_time(tmp_p
 
 
 def run_pytest(tmp_path, *args, env=None):
-    from test_check_cli_and_plugin import _plugin_registered
+    from helpers.scripts import plugin_registered
 
-    load = [] if _plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
+    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
     environment = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=ROOT, **(env or {}))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *load, *args],
                           capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=600)
@@ -92,7 +87,7 @@ def run_pytest(tmp_path, *args, env=None):
 
 def test_the_environment_variable_fails_the_process_at_exit(tmp_path):
     # importing the sanitizer package enables it (the variable is read there)
-    path = write(tmp_path, "import npu_lifetime.sanitizer\n" + SUPPRESSED)
+    path = write_script(tmp_path, "import npu_lifetime.sanitizer\n" + SUPPRESSED)
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=ROOT, NPU_LIFETIME_SANITIZER="sim")
     env.pop("NPU_LIFETIME_SUPPRESSIONS", None)
     done = subprocess.run([sys.executable, path], capture_output=True, text=True, env=env, timeout=300)
@@ -123,7 +118,7 @@ hand_over()
 
 
 def test_a_suppressions_file_silences_matching_kind_and_site_only(tmp_path, capsys):
-    path = write(tmp_path, SUPPRESSED)
+    path = write_script(tmp_path, SUPPRESSED)
     rules = tmp_path / "supp.txt"
     out = tmp_path / "r.json"
     rules.write_text("# known safe here\nlatent_free:fun:hand_ov*\n")
@@ -152,7 +147,7 @@ def test_a_suppressions_file_silences_matching_kind_and_site_only(tmp_path, caps
 
 
 def test_a_malformed_suppressions_file_is_bad_input(tmp_path, capsys):
-    path = write(tmp_path, "print('ran')\n")
+    path = write_script(tmp_path, "print('ran')\n")
     rules = tmp_path / "supp.txt"
     for line, message in (("uncovered_free hand_over", "expected KIND:fun:GLOB"),
                           ("uncoverd_free:fun:x", "unknown kind 'uncoverd_free'"),
@@ -166,9 +161,9 @@ def test_a_malformed_suppressions_file_is_bad_input(tmp_path, capsys):
 
 
 def test_allow_latent_never_lets_an_actual_free_pass(tmp_path, capsys):
-    from test_check_cli_and_plugin import REUSED
+    from helpers.scripts import REUSED
 
-    path = write(tmp_path, REUSED)
+    path = write_script(tmp_path, REUSED)
     assert main(["check", "--device", "sim", "--allow-latent", path]) == 1
     assert "[uncovered free, ACTUAL" in capsys.readouterr().out
 

@@ -11,13 +11,10 @@ import npu_lifetime
 from npu_lifetime.lifetime import DataRace, ReuseRace, UncoveredFree
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
-from helpers.stream_devices import DEVICES
+from helpers.stream_devices import DEVICES, used_on_side
+from helpers.collecting import sanitizer
 
 pytestmark = pytest.mark.parametrize("dev", DEVICES)
-
-
-def sanitizer(dev, **options):
-    return LifetimeSanitizer(dev.name, on_race="collect", warn_on_free=False, **options)
 
 
 def read_back_then_write(dev, read_back):
@@ -91,11 +88,7 @@ def test_an_outer_sanitizer_sees_everything_after_an_inner_one_is_disabled(dev):
     try:
         with sanitizer(dev):
             pass
-        side = dev.Stream()
-        x = dev.ones(64)
-        side.wait_stream(dev.default_stream())
-        with dev.stream(side):
-            x.sum()
+        x, side = used_on_side(64, dev)
         npu_lifetime.record_use(x, side)
         del x
         gc.collect()

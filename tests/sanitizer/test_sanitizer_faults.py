@@ -16,14 +16,8 @@ import npu_lifetime
 from npu_lifetime import simdevice as sd
 from npu_lifetime.lifetime import DataRace, UncoveredFree
 from npu_lifetime.sanitizer import LifetimeSanitizer
-
-
-def sanitizer():
-    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-
-
-def kinds(findings):
-    return sorted(f.kind for f in findings)
+from helpers.stream_devices import used_on_side
+from helpers.collecting import kinds, sanitizer
 
 
 # -- a custom op that reads its input, then synchronises the host with the
@@ -99,11 +93,7 @@ def test_check_of_a_correct_record_use_script_that_prints_a_result(tmp_path, cap
 
 
 def correct_handoff():
-    side = sd.Stream()
-    x = torch.ones(16)
-    side.wait_stream(sd.default_stream())
-    with sd.stream(side):
-        x.sum()
+    x, side = used_on_side(16)
     npu_lifetime.record_use(x, side)
     del x
     gc.collect()
@@ -124,11 +114,7 @@ def test_both_sanitizers_see_everything_while_both_are_enabled():
     outer = sanitizer().enable()
     try:
         inner = sanitizer().enable()
-        side = sd.Stream()
-        x = torch.ones(16)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side(16)
         npu_lifetime.record_use(x, side)
         with sd.stream(side):
             x.sum()  # after the record_use: not covered
@@ -193,9 +179,9 @@ def test_marker_tests_under_the_process_sanitizer(tmp_path):
     """))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root, NPU_LIFETIME_SANITIZER="sim")
-    from test_check_cli_and_plugin import _plugin_registered
+    from helpers.scripts import plugin_registered
 
-    load = [] if _plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
+    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
         capture_output=True, text=True, cwd=tmp_path, env=env,

@@ -15,6 +15,7 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.lifetime import DataRace, UncoveredFree
 from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, LifetimeWarning
 from npu_lifetime.sanitizer.accesses import op_accesses, plan, written_storages
+from helpers.stream_devices import used_on_side
 
 aten = torch.ops.aten
 
@@ -121,15 +122,6 @@ def test_views_of_one_storage_are_one_access():
     out = a[:4] + a[4:]
     assert accesses(aten.add.Tensor, (a[:4], a[4:]), outputs=out) == sorted([(ptr(a), False), (ptr(out), True)])
 
-
-def used_on_side():
-    """x made on the default stream, then read on a side stream that waited for it."""
-    side = sd.Stream()
-    x = torch.ones(8)
-    side.wait_stream(sd.default_stream())
-    with sd.stream(side):
-        x.sum()
-    return x, side
 
 
 def buggy(san):

@@ -11,20 +11,12 @@ import torch
 import npu_lifetime
 from npu_lifetime import simdevice as sd
 from npu_lifetime import storage_holders
-from npu_lifetime.sanitizer import LifetimeSanitizer
-
-
-def sanitizer():
-    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-
-
-def kinds(findings):
-    return sorted({f.kind for f in findings})
+from helpers.collecting import distinct_kinds, sanitizer
 
 
 def failing(san):
     """The kinds of the findings that fail the check (a storage still alive at the end does not)."""
-    return kinds(san.failing(san.flush()))
+    return distinct_kinds(san.failing(san.flush()))
 
 
 @pytest.mark.parametrize("transform", [
@@ -39,7 +31,7 @@ def test_torch_func_transforms_run_under_the_sanitizer(transform):
         x = torch.randn(5)
         out = transform(lambda t: (t * t).sin(), x)
         assert out is not None
-    assert kinds(san.flush()) == []
+    assert distinct_kinds(san.flush()) == []
 
 
 def test_a_race_inside_a_transform_is_found_on_the_wrapped_storage():
@@ -52,7 +44,7 @@ def test_a_race_inside_a_transform_is_found_on_the_wrapped_storage():
                 return (t * w).sum()
 
         torch.func.grad(f)(torch.randn(5))
-    assert "data_race" in kinds(san.flush())
+    assert "data_race" in distinct_kinds(san.flush())
 
 
 SPARSE = {
@@ -71,7 +63,7 @@ def test_a_race_on_a_sparse_tensor_is_found(layout):
         s = SPARSE[layout](torch.randn(4, 4))  # made (written) on the default stream
         with sd.stream(side):
             s.values().mul(2) if layout != "coo" else s._values().mul(2)  # read on side with no wait
-    assert "data_race" in kinds(san.flush())
+    assert "data_race" in distinct_kinds(san.flush())
 
 
 @pytest.mark.parametrize("layout", sorted(SPARSE))

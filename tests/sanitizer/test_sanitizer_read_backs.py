@@ -12,15 +12,7 @@ import pytest
 import torch
 
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import LifetimeSanitizer
-
-
-def sanitizer():
-    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-
-
-def kinds(findings):
-    return sorted({f.kind for f in findings})
+from helpers.collecting import distinct_kinds, sanitizer
 
 
 READ_BACKS = {
@@ -42,7 +34,7 @@ def test_a_read_back_on_a_side_stream_races_an_unwaited_write(read_back):
         x = torch.ones(16)  # written on the default stream
         with sd.stream(side):
             READ_BACKS[read_back](x)  # read on side with no wait: a race, as .cpu() is
-    assert "data_race" in kinds(san.flush())
+    assert "data_race" in distinct_kinds(san.flush())
 
 
 @pytest.mark.parametrize("read_back", sorted(READ_BACKS))
@@ -59,7 +51,7 @@ def test_a_read_back_waits_for_the_stream_it_read_on(read_back):
             READ_BACKS[read_back](y)  # read on side, then the host waits for side
         del y
         gc.collect()
-    assert kinds(san.failing(san.flush())) == []
+    assert distinct_kinds(san.failing(san.flush())) == []
 
 
 def test_to_a_dtype_is_no_read_back():
@@ -76,7 +68,7 @@ def test_to_a_dtype_is_no_read_back():
             z.to(torch.float64)
         del z
         gc.collect()  # read on side, freed from default with no wait: uncovered (a read-back would have waited)
-    assert "uncovered_free" in kinds(san.failing(san.flush()))
+    assert "uncovered_free" in distinct_kinds(san.failing(san.flush()))
 
 
 def test_share_memory_reports_the_old_storages_free():
@@ -91,7 +83,7 @@ def test_share_memory_reports_the_old_storages_free():
         assert x.untyped_storage().data_ptr() != before
         del y
     found = san.failing(san.flush())
-    assert "uncovered_free" in kinds(found)
+    assert "uncovered_free" in distinct_kinds(found)
 
 
 def test_share_memory_after_a_covered_use_is_clean():
@@ -105,7 +97,7 @@ def test_share_memory_after_a_covered_use_is_clean():
         x.share_memory_()
         x.add_(1)  # the new block, written on the default stream
         del y
-    assert kinds(san.failing(san.flush())) == []
+    assert distinct_kinds(san.failing(san.flush())) == []
 
 
 def test_an_allocation_over_a_storage_whose_free_was_not_seen_reports_that_storage():

@@ -9,26 +9,8 @@ import types
 from npu_lifetime.cli import main
 from npu_lifetime.sanitizer.naming import Names, stream_names
 from helpers.pasted_fixes import suggested_fixes
+from helpers.scripts import forgotten_handoff, write_script
 
-HANDOFF = """
-import torch
-import npu_lifetime
-from npu_lifetime import simdevice as sd
-
-side = sd.Stream()
-weights = torch.ones(32)
-side.wait_stream(sd.default_stream())
-with sd.stream(side):
-    doubled = weights * 2
-{fix}
-del weights
-"""
-
-
-def write(tmp_path, body, name="prog.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
 
 
 def check(tmp_path, path, capsys, *options):
@@ -39,7 +21,7 @@ def check(tmp_path, path, capsys, *options):
 
 
 def test_each_suggested_fix_pasted_into_the_program_makes_it_pass(tmp_path, capsys):
-    code, text, [finding] = check(tmp_path, write(tmp_path, HANDOFF.format(fix="")), capsys)
+    code, text, [finding] = check(tmp_path, write_script(tmp_path, forgotten_handoff(tensor="weights", result="doubled")), capsys)
     assert code == 1
     # the program's own names, and calls that run on the simulated device
     assert "`weights` (storage" in text and "sim stream" in text and "(`side`)" in text
@@ -49,7 +31,7 @@ def test_each_suggested_fix_pasted_into_the_program_makes_it_pass(tmp_path, caps
     assert "x.record_stream" not in text and "<sim" not in text  # no placeholder, no call that crashes here
     assert "npu_lifetime.record_use(weights, side)" in finding["fix"]
     for fix in fixes:
-        fixed = write(tmp_path, HANDOFF.format(fix=fix), "fixed.py")
+        fixed = write_script(tmp_path, forgotten_handoff(fix, tensor="weights", result="doubled"), "fixed.py")
         code, text, _ = check(tmp_path, fixed, capsys)
         assert code == 0, (fix, text)
 
@@ -69,11 +51,11 @@ def test_a_data_race_fix_names_both_streams_and_runs(tmp_path, capsys):
         total = buffer.sum()
         npu_lifetime.record_use(buffer, producer)
     """
-    code, text, [race] = check(tmp_path, write(tmp_path, body.format(fix="")), capsys)
+    code, text, [race] = check(tmp_path, write_script(tmp_path, body.format(fix="")), capsys)
     assert code == 1 and race["kind"] == "data_race"
     [fix] = suggested_fixes(text)
     assert fix == "npu_lifetime.simdevice.default_stream().wait_stream(producer)", text
-    code, text, _ = check(tmp_path, write(tmp_path, body.format(fix=fix), "fixed.py"), capsys)
+    code, text, _ = check(tmp_path, write_script(tmp_path, body.format(fix=fix), "fixed.py"), capsys)
     assert code == 0, text
 
 
@@ -89,7 +71,7 @@ def test_an_unknown_tensor_name_is_not_guessed(tmp_path, capsys):
         side.wait_stream(sd.default_stream())
         use(torch.ones(8))  # no variable names this tensor
     """
-    code, text, _ = check(tmp_path, write(tmp_path, body), capsys)
+    code, text, _ = check(tmp_path, write_script(tmp_path, body), capsys)
     assert code == 1
     assert "(x: the tensor allocated at prog.py:10)" in text, text
 
@@ -108,7 +90,7 @@ def test_the_latent_reason_names_the_host_wait_that_made_it_latent(tmp_path, cap
         with sd.stream(side):
             print(y.sum().item())  # the script's only host wait, at its end
     """
-    code, text, [free] = check(tmp_path, write(tmp_path, body), capsys)
+    code, text, [free] = check(tmp_path, write_script(tmp_path, body), capsys)
     assert code == 1
     [reason] = free["latent_reasons"]
     assert "not reused before the host waited past the use at" in reason["reason"]
@@ -130,7 +112,7 @@ def test_a_free_by_the_garbage_collector_at_the_end_says_so(tmp_path, capsys):
             cycle.append(cycle)  # only the garbage collector frees x
         leak()
     """
-    code, text, [free] = check(tmp_path, write(tmp_path, body), capsys)
+    code, text, [free] = check(tmp_path, write_script(tmp_path, body), capsys)
     assert code == 1
     assert "autograd" not in text and "called from C++" not in text
     assert "after the script ended (the garbage collector ran before the report)" in text, text
@@ -151,7 +133,7 @@ def test_a_group_of_races_over_several_storages_counts_and_names_them(tmp_path, 
             npu_lifetime.record_use(chunk, side)
             keep.append(chunk)
     """
-    code, text, [race] = check(tmp_path, write(tmp_path, body), capsys)
+    code, text, [race] = check(tmp_path, write_script(tmp_path, body), capsys)
     assert code == 1 and race["count"] == 10 and race["distinct_storages"] == 10
     assert "on 10 distinct storages: `chunk` (storage" in text and "and 6 more" in text, text
 
@@ -175,7 +157,7 @@ def test_a_stream_made_inside_a_call_is_not_named_after_what_the_call_returns(tm
     # was named `loss` after `loss = net(x)...`, and the fix read
     # `loss.wait_stream(...)`.  Here the statement builds a dict.
     make = 'holder = dict(side=sd.Stream())\n    side = holder["side"]'
-    code, text, _ = check(tmp_path, write(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
+    code, text, _ = check(tmp_path, write_script(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
     assert code == 1
     assert "holder" not in text, text
     assert "<sim stream" in text and "(<...>: that stream object" in text, text
@@ -183,7 +165,7 @@ def test_a_stream_made_inside_a_call_is_not_named_after_what_the_call_returns(tm
 
 def test_streams_a_statement_constructs_are_named_in_order(tmp_path, capsys):
     make = "other, side = sd.Stream(), sd.Stream()"
-    code, text, _ = check(tmp_path, write(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
+    code, text, _ = check(tmp_path, write_script(tmp_path, LIBRARY_STREAM.format(make=make)), capsys)
     assert code == 1 and "(`side`)" in text and "npu_lifetime.record_use(weights, side)" in text, text
 
 
@@ -269,7 +251,7 @@ def test_an_intermediate_is_not_named_after_the_statements_result(tmp_path, caps
         weights = torch.ones(32)
         total = on_side(weights * 2)
     """
-    code, text, _ = check(tmp_path, write(tmp_path, body), capsys)
+    code, text, _ = check(tmp_path, write_script(tmp_path, body), capsys)
     assert code == 1
     assert "total" not in text and "(x: the tensor allocated at prog.py:11)" in text, text
     assert "npu_lifetime.record_use(x, side)" in text, text

@@ -13,6 +13,7 @@ import torch
 
 from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, threads
+from helpers.stream_devices import used_on_side
 
 
 def sanitizer():
@@ -129,11 +130,7 @@ def test_per_thread_host_clocks_keep_their_meaning():
     """A host wait on one thread covers nothing another thread frees: the
     worker synchronises, the main thread frees without waiting."""
     with sanitizer() as san:
-        side = sd.Stream()
-        x = torch.ones(16)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.mul_(2)
+        x, side = used_on_side(16, use=lambda x: x.mul_(2))
         waiter = threading.Thread(target=side.synchronize)
         waiter.start()  # joined only after the free: the main thread never learns of the wait
         del x

@@ -2,7 +2,6 @@
 the simulated device: every test here failed before its fix (see the commit
 that added it)."""
 import gc
-import textwrap
 import threading
 
 import pytest
@@ -11,21 +10,9 @@ import torch
 import npu_lifetime
 from npu_lifetime import simdevice as sd
 from npu_lifetime.cli import main
-from npu_lifetime.sanitizer import LifetimeSanitizer
-
-
-def sanitizer(**options):
-    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False, **options)
-
-
-def kinds(findings):
-    return sorted(f.kind for f in findings)
-
-
-def write(tmp_path, body, name="prog.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
+from helpers.scripts import write_script
+from helpers.stream_devices import used_on_side
+from helpers.collecting import kinds, sanitizer
 
 
 # -- waits on events never recorded -------------------------------------------------------------------------------
@@ -64,7 +51,7 @@ def test_an_unrecorded_wait_orders_nothing():
 def test_a_pipeline_whose_first_iteration_waits_on_an_unrecorded_event_passes_check(tmp_path, capsys):
     """A pipeline whose first iteration waits on an event not recorded yet:
     the wait completes at once (CUDA) and CSAN reports nothing."""
-    path = write(tmp_path, """
+    path = write_script(tmp_path, """
         import torch
         import npu_lifetime
         from npu_lifetime import simdevice as sd
@@ -97,11 +84,7 @@ CONSTRUCTORS = {
 def test_like_and_new_constructors_do_not_read_their_input(make):
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.mul_(2)  # written on side
+        x, side = used_on_side(8, use=lambda x: x.mul_(2))  # written on side
         npu_lifetime.record_use(x, side)
         y = make(x)  # on the default stream: x's shape and dtype only, no race with side's write
         with sd.stream(side):
@@ -167,11 +150,7 @@ def test_a_tensor_made_on_a_side_stream_and_read_on_main_without_a_wait_races():
 def test_resize_to_a_larger_size_reads_the_old_data():
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.mul_(2)  # written on side
+        x, side = used_on_side(8, use=lambda x: x.mul_(2))  # written on side
         npu_lifetime.record_use(x, side)
         x.resize_(4096)  # on the default stream: copies the old data into a new block, unordered with the write
         del x
@@ -207,11 +186,7 @@ def _line(site):
 def test_storage_resize_to_zero_is_a_free():
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(1024)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()  # read on side
+        x, side = used_on_side(1024, use=lambda x: x.sum())  # read on side
         x.untyped_storage().resize_(0)  # FSDP frees this way: the memory goes back now
         x.untyped_storage().resize_(1024 * 4)  # and comes back later, a new block on the current stream
         x.fill_(1.0)  # if the host hands the same memory back, this is a reuse race with the read on side
@@ -229,11 +204,7 @@ def test_storage_resize_to_zero_is_a_free():
 def test_storage_resize_to_zero_after_a_hand_off_is_clean():
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(1024)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side(1024)
         npu_lifetime.record_use(x, side)
         x.untyped_storage().resize_(0)
         x.untyped_storage().resize_(1024 * 4)
@@ -276,11 +247,7 @@ def test_a_read_back_reads_and_synchronises_the_host_like_cuda(read_back):
 def test_a_read_back_of_data_written_on_another_stream_races(read_back):
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.mul_(3)  # written on side
+        x, side = used_on_side(8, use=lambda x: x.mul_(3))  # written on side
         npu_lifetime.record_use(x, side)
         read_back(x)  # copied back on the default stream, not ordered after the write
         del x
@@ -352,11 +319,7 @@ def test_without_a_wait_the_collectives_output_still_races(gloo_world):
 
 # -- host threads each have their own clock --------------------------------------------------------------------------
 def _used_on_side():
-    side = sd.Stream()
-    x = torch.ones(8)
-    side.wait_stream(sd.default_stream())
-    with sd.stream(side):
-        x.sum()
+    x, side = used_on_side(8)
     return side, x
 
 

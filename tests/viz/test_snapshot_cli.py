@@ -2,7 +2,6 @@
 bad input, and (where the shim has its allocator trace) the recorded trace."""
 import json
 import pickle
-import textwrap
 
 import pytest
 import torch
@@ -12,26 +11,11 @@ from npu_lifetime.cli import main
 from npu_lifetime.viz import demo, lives, memory_viz
 from npu_lifetime.viz.snapshot import run_demo
 from npu_lifetime.viz.trace import shim_has_trace
+from helpers.scripts import forgotten_handoff, write_script
 
 needs_trace = pytest.mark.skipif(not shim_has_trace(), reason="this shim build has no allocator trace yet")
 
-CPU_HANDOFF = """
-import torch
-from npu_lifetime import simdevice as sd
 
-side = sd.Stream()
-x = torch.ones(32)
-side.wait_stream(sd.default_stream())
-with sd.stream(side):
-    y = x * 2
-del x
-"""
-
-
-def script(tmp_path, body, name="prog.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
 
 
 def test_demo_writes_a_pickle_torch_reads_and_a_timeline(tmp_path, capsys, sim_shim):
@@ -74,7 +58,7 @@ def test_demo_trace_shows_record_use_releasing_before_record_stream(sim_shim):
 
 
 def test_a_script_on_the_simulated_device_says_why_it_shows_no_block(tmp_path, capsys, sim_shim):
-    path = script(tmp_path, CPU_HANDOFF)
+    path = write_script(tmp_path, forgotten_handoff())
     assert main(["snapshot", "--device", "sim", path]) == 0
     out = capsys.readouterr().out
     assert "a script's tensors are CPU tensors, which the shim does not allocate" in out
@@ -83,7 +67,7 @@ def test_a_script_on_the_simulated_device_says_why_it_shows_no_block(tmp_path, c
 
 
 def test_sanitizer_findings_reach_the_timeline(tmp_path, capsys, sim_shim):
-    path = script(tmp_path, CPU_HANDOFF)
+    path = write_script(tmp_path, forgotten_handoff())
     assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 1  # a latent uncovered free fails, as in check
     capsys.readouterr()
     html = (tmp_path / "prog.snapshot.html").read_text()
@@ -91,9 +75,9 @@ def test_sanitizer_findings_reach_the_timeline(tmp_path, capsys, sim_shim):
 
 
 def test_sanitize_prints_the_sanitizers_summary_and_exits_as_check_does(tmp_path, capsys, sim_shim):
-    from test_check_cli_and_plugin import REUSED  # an actual reuse race on the simulated device
+    from helpers.scripts import REUSED  # an actual reuse race on the simulated device
 
-    path = script(tmp_path, REUSED)
+    path = write_script(tmp_path, REUSED)
     assert main(["check", "--device", "sim", path]) == 1
     check_out = capsys.readouterr().out
     assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 1  # it exited 0
@@ -111,7 +95,7 @@ def test_sanitize_prints_the_sanitizers_summary_and_exits_as_check_does(tmp_path
 
 
 def test_sanitize_with_a_failing_script_exits_3_as_check_does(tmp_path, capsys, sim_shim):
-    path = script(tmp_path, "raise ValueError('boom')")
+    path = write_script(tmp_path, "raise ValueError('boom')")
     assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 3
     captured = capsys.readouterr()
     assert "npu_lifetime: no findings" in captured.out
@@ -119,7 +103,7 @@ def test_sanitize_with_a_failing_script_exits_3_as_check_does(tmp_path, capsys, 
 
 
 def test_a_failing_script_exits_3_and_still_writes(tmp_path, capsys, sim_shim):
-    path = script(tmp_path, """
+    path = write_script(tmp_path, """
         from npu_lifetime import shim
         p = shim.alloc(4096, 0, 0x10)
         raise RuntimeError("boom")
@@ -143,7 +127,7 @@ def test_bad_input_is_a_clear_error(argv, message, capsys, sim_shim):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_a_device_the_machine_lacks_is_an_error(tmp_path, capsys):
-    path = script(tmp_path, "print('ran')")
+    path = write_script(tmp_path, "print('ran')")
     assert main(["snapshot", "--device", "cuda", path]) == 2
     captured = capsys.readouterr()
     assert "--device cuda: install('cuda') needs a CUDA device" in captured.err and "ran" not in captured.out
@@ -151,7 +135,7 @@ def test_a_device_the_machine_lacks_is_an_error(tmp_path, capsys):
 
 
 def test_no_files_prints_only(tmp_path, capsys, sim_shim):
-    path = script(tmp_path, "from npu_lifetime import shim\np = shim.alloc(512, 0, 0x10)\n")
+    path = write_script(tmp_path, "from npu_lifetime import shim\np = shim.alloc(512, 0, 0x10)\n")
     assert main(["snapshot", "--device", "sim", "--no-files", path]) == 0
     assert "wrote" not in capsys.readouterr().out
     assert not (tmp_path / "prog.snapshot.pickle").exists()
@@ -160,7 +144,7 @@ def test_no_files_prints_only(tmp_path, capsys, sim_shim):
 def test_json_output(tmp_path, capsys, sim_shim):
     import json
 
-    path = script(tmp_path, "from npu_lifetime import shim\np = shim.alloc(512, 0, 0x10)\n")
+    path = write_script(tmp_path, "from npu_lifetime import shim\np = shim.alloc(512, 0, 0x10)\n")
     assert main(["snapshot", "--device", "sim", "--no-files", "--json", path]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["stats"]["allocation.all.current"] == 1 and data["snapshot"]["runtime"] == "sim"
@@ -205,7 +189,7 @@ def test_frames_from_the_console_script_leave_out_its_launcher(tmp_path):
 def test_a_script_imports_modules_beside_it_as_under_python(tmp_path, capsys, sim_shim):
     # runpy alone does not put the script's directory on sys.path: this import failed (exit 3)
     (tmp_path / "helper_beside.py").write_text("VALUE = 41\n")
-    path = script(tmp_path, "import helper_beside\nprint('value', helper_beside.VALUE + 1)\n")
+    path = write_script(tmp_path, "import helper_beside\nprint('value', helper_beside.VALUE + 1)\n")
     out_dir = tmp_path / "pictures"
     out_dir.mkdir()
     assert main(["snapshot", "--device", "sim", "--out", str(out_dir), path]) == 0

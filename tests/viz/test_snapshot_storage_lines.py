@@ -6,18 +6,8 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 from npu_lifetime.cli import main
+from helpers.scripts import forgotten_handoff, write_script
 
-FORGOTTEN_HANDOFF = """
-import torch
-from npu_lifetime import simdevice as sd
-
-side = sd.Stream()
-x = torch.ones(32)
-side.wait_stream(sd.default_stream())
-with sd.stream(side):
-    y = x * 2
-del x
-"""
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -38,9 +28,8 @@ def _in(lane: tuple, y: float) -> bool:
 
 
 def test_the_finding_is_drawn_on_the_storages_lifeline_with_both_streams(tmp_path, capsys, sim_shim):
-    path = tmp_path / "prog.py"
-    path.write_text(textwrap.dedent(FORGOTTEN_HANDOFF))
-    assert main(["snapshot", "--device", "sim", "--sanitize", str(path)]) == 1
+    path = write_script(tmp_path, forgotten_handoff())
+    assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 1
     capsys.readouterr()
     html = (tmp_path / "prog.snapshot.html").read_text()
     svg = _storages_svg(html)
@@ -58,8 +47,9 @@ def test_the_finding_is_drawn_on_the_storages_lifeline_with_both_streams(tmp_pat
 
     marks = {g.find(f"{SVG}text").text: g for g in svg.iter(f"{SVG}g")}
     alloc, use, free = marks["allocated"], marks["last read: aten::mul"], marks["freed"]
-    assert "prog.py:6" in alloc.find(f"{SVG}title").text and "prog.py:9" in use.find(f"{SVG}title").text
-    assert "prog.py:10" in free.find(f"{SVG}title").text
+    # forgotten_handoff's lines: x made at 7, read at 10, freed at 12
+    assert "prog.py:7" in alloc.find(f"{SVG}title").text and "prog.py:10" in use.find(f"{SVG}title").text
+    assert "prog.py:12" in free.find(f"{SVG}title").text
     use_dot = use.find(f"{SVG}circle")
     assert _in(side, float(use_dot.get("cy"))) and start < float(use_dot.get("cx")) < end  # the read on side
 
@@ -76,17 +66,15 @@ def test_the_finding_is_drawn_on_the_storages_lifeline_with_both_streams(tmp_pat
 
 
 def test_a_clean_script_says_there_is_nothing_to_draw(tmp_path, capsys, sim_shim):
-    path = tmp_path / "clean.py"
-    path.write_text(textwrap.dedent(FORGOTTEN_HANDOFF).replace("del x", "import npu_lifetime\n"
-                                                                "npu_lifetime.record_use(x, side)\ndel x"))
-    assert main(["snapshot", "--device", "sim", "--sanitize", str(path)]) == 0
+    path = write_script(tmp_path, forgotten_handoff("npu_lifetime.record_use(x, side)"), "clean.py")
+    assert main(["snapshot", "--device", "sim", "--sanitize", path]) == 0
     capsys.readouterr()
     html = (tmp_path / "clean.snapshot.html").read_text()
     assert "The sanitizer reported nothing: no storage to draw." in html
 
 
 def test_a_reuse_race_draws_both_owners(tmp_path, capsys, sim_shim):
-    from test_check_cli_and_plugin import REUSED  # an actual reuse race on the simulated device
+    from helpers.scripts import REUSED  # an actual reuse race on the simulated device
 
     path = tmp_path / "reused.py"
     path.write_text(textwrap.dedent(REUSED))
