@@ -72,22 +72,13 @@ def test_device_synchronize(dev):
 
 
 @pytest.mark.parametrize("ordered", [False, True])
-def test_record_stream(dev, ordered):
+@pytest.mark.parametrize("record", [npu_lifetime.record_stream, npu_lifetime.record_use], ids=lambda f: f.__name__)
+def test_record_after_the_last_use(dev, record, ordered):
     def body(x, side):
         if ordered:
             side.wait_stream(dev.default_stream())
         use(dev, x, side)
-        npu_lifetime.record_stream(x, side)
-    assert run(dev, body) == (not ordered, True)
-
-
-@pytest.mark.parametrize("ordered", [False, True])
-def test_record_use_after_the_last_use(dev, ordered):
-    def body(x, side):
-        if ordered:
-            side.wait_stream(dev.default_stream())
-        use(dev, x, side)
-        npu_lifetime.record_use(x, side)
+        record(x, side)
     assert run(dev, body) == (not ordered, True)
 
 

@@ -12,6 +12,20 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 from shim_programs import N, SLEEP_CYCLES, warm_up_kernels
 
 
+def _doubled_on_side_then_dropped():
+    """x doubled on a side stream behind a sleep (so the read is still queued)
+    and dropped with no hand-off: the side stream, the result, x's address."""
+    side = torch.cuda.Stream()
+    x = torch.ones(N, device="cuda")
+    x_ptr = x.data_ptr()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        y = x * 2
+    del x
+    return side, y, x_ptr
+
+
 def uncovered_free_under_shim():
     """A buggy handoff: the sanitizer reports the free, tells the shim, and
     the shim keeps the block from the next allocation."""
@@ -19,14 +33,7 @@ def uncovered_free_under_shim():
     warm_up_kernels()
     san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
     with san:
-        side = torch.cuda.Stream()
-        x = torch.ones(N, device="cuda")
-        x_ptr = x.data_ptr()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(SLEEP_CYCLES)
-            y = x * 2
-        del x
+        side, y, x_ptr = _doubled_on_side_then_dropped()
         gc.collect()
         z = torch.empty(N, device="cuda")
         z.fill_(7.0)
@@ -93,14 +100,7 @@ def reuse_race_native_allocator():
     warm_up_kernels()
     san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
     with san:
-        side = torch.cuda.Stream()
-        x = torch.ones(N, device="cuda")
-        x_ptr = x.data_ptr()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(SLEEP_CYCLES)
-            y = x * 2
-        del x
+        side, y, x_ptr = _doubled_on_side_then_dropped()
         z = torch.empty(N, device="cuda")
         reused = z.data_ptr() == x_ptr
         z.fill_(7.0)
