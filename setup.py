@@ -74,7 +74,7 @@ OPTIONAL_EXTENSIONS = [
     # the shim's allocation and free hooks, relayed to their Python subscribers (npu_lifetime/shim/hooks.py)
     Extension("npu_lifetime.shim._hook_relay", sources=["npu_lifetime/shim/_hook_relay.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
-    # the native fallback's table of held storages (npu_lifetime/recording/native_fallback.py)
+    # the torch-allocator fallback's table of held storages (npu_lifetime/recording/torch_allocator_fallback.py)
     Extension("npu_lifetime.recording._holds", sources=["npu_lifetime/recording/_holds.cpp"],
               depends=["npu_lifetime/recording/cuda_runtime.h"], libraries=["dl"],
               language="c++",

@@ -16,7 +16,7 @@ query are no-ops (its reaper thread running): the fallback's own Python
 overhead, what a CPU machine can measure of the GPU cost (which adds the
 event record and the fast path's checks).  npu: the whole record_use call
 through the fallback under the real torch_npu over the stand-in CANN
-runtime (tests/npu_standin; CPU-only), one storage, a new storage each call
+runtime (tests/platforms/npu_standin; CPU-only), one storage, a new storage each call
 and a raw event record in one run: the closest a CPU machine gets to the
 cuda figures.
 """
@@ -62,7 +62,7 @@ def cuda_shim(calls: int, rounds: int) -> dict:
     x = torch.ones(1024, device="cuda")
     event = torch.cuda.Event()
     npu_lifetime.record_use(x, side)  # enables the fast path
-    lib, ptr, handle = shim.native.library(), x.data_ptr(), side.cuda_stream
+    lib, ptr, handle = shim.libnpl.library(), x.data_ptr(), side.cuda_stream
 
     def current_stream_call():
         with torch.cuda.stream(side):
@@ -92,8 +92,8 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     import torch
 
     import npu_lifetime
-    from npu_lifetime.recording import native_fallback
-    from npu_lifetime.recording.native_fallback import FALLBACK
+    from npu_lifetime.recording import torch_allocator_fallback
+    from npu_lifetime.recording.torch_allocator_fallback import FALLBACK
 
     if device_type == "npu":
         import torch_npu  # noqa: F401  (registers torch.npu)
@@ -116,7 +116,7 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     }, calls, rounds)
     module.synchronize()
     fallback = FALLBACK.for_device(device_type)
-    table = getattr(getattr(native_fallback, "Table", None), "__module__", "none: before the table")
+    table = getattr(getattr(torch_allocator_fallback, "Table", None), "__module__", "none: before the table")
     table_object = getattr(fallback, "_table", None)
     events = "raw CUDA events" if getattr(table_object, "uses_runtime", False) else f"torch.{device_type}.Event"
     return {"allocator": f"{device_type} native caching allocator (table: {table}; {events})", "us": out,
@@ -128,7 +128,7 @@ def cuda_native(calls: int, rounds: int) -> dict:
 
 
 def npu_native(calls: int, rounds: int) -> dict:
-    """torch_npu's own allocator over the stand-in CANN runtime (tests/npu_standin):
+    """torch_npu's own allocator over the stand-in CANN runtime (tests/platforms/npu_standin):
     host costs of torch_npu's Python and C++ with a CPU runtime behind them."""
     return native("npu", calls, rounds)
 
@@ -144,12 +144,12 @@ def fallback_fake(calls: int, rounds: int) -> list:
     through the device API's callables (C callables that do nothing, as
     torch's bindings are C calls: operator.is_ for the event record, bool
     for the capture check), and raw events through the stand-in libcudart of
-    tests/fake_cudart (the path a CUDA build takes; its calls take a mutex
+    tests/helpers/fake_cudart (the path a CUDA build takes; its calls take a mutex
     and count)."""
     results = [_fallback_fake_run(calls, rounds)]
     try:
         sys.path.insert(0, str(ROOT / "tests"))
-        import fake_cudart
+        from helpers import fake_cudart
 
         from npu_lifetime.recording._holds import CudaRuntime
     except (ImportError, OSError, subprocess.CalledProcessError) as err:  # no extension or no C compiler
@@ -171,7 +171,7 @@ def _fallback_fake_run(calls: int, rounds: int, runtime=None, run=None) -> dict:
 
     import npu_lifetime
     from npu_lifetime.recording import calls as recording_calls
-    from npu_lifetime.recording.native_fallback import CaptureGate, NativeFallback
+    from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, NativeFallback
 
     class Stream:
         def __init__(self, handle):
@@ -250,7 +250,7 @@ def sim(calls: int, rounds: int) -> dict:
     side = simdevice.Stream()
     x = device.empty(1024, simdevice.default_stream())
     event = simdevice.Event()
-    lib, ptr, handle = shim.native.library(), x.data_ptr(), device.handle(side)
+    lib, ptr, handle = shim.libnpl.library(), x.data_ptr(), device.handle(side)
     with recording.shim_route(device.route):
         npu_lifetime.record_use(x, side)
 
@@ -288,9 +288,9 @@ def run_child(child: str, calls: int, rounds: int, python: str = sys.executable,
 
 def npu_standin_child(calls: int, rounds: int) -> dict:
     """npu_native in the torch_npu interpreter over the stand-in CANN runtime
-    (tests/npu_helpers.py finds both, building the stand-in once)."""
+    (tests/helpers/npu_helpers.py finds both, building the stand-in once)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import npu_helpers
+    from helpers import npu_helpers
 
     python = npu_helpers.npu_python()
     if python is None:

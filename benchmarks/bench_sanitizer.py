@@ -45,7 +45,7 @@ def _device(device: str):
     import torch
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from stream_devices import CudaDevice, SimDevice
+    from helpers.stream_devices import CudaDevice, SimDevice
 
     dev = CudaDevice if device == "cuda" else SimDevice
     dev.randn = (lambda n: torch.randn(n, n, device="cuda")) if device == "cuda" else (lambda n: torch.randn(n, n))

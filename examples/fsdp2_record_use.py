@@ -114,7 +114,7 @@ def settle(device) -> None:
     if device.type != "cuda":
         return
     torch.cuda.synchronize()
-    from npu_lifetime.recording.native_fallback import FALLBACK
+    from npu_lifetime.recording.torch_allocator_fallback import FALLBACK
 
     FALLBACK.wait_all()
     if POLICY is not None:

@@ -630,7 +630,7 @@ def main(argv: Optional[list] = None) -> int:
     stop = npu_runtime.prepare(args.command, getattr(args, "device", None), argv)  # before torch is imported
     if stop is not None:
         return stop
-    from .shim.native import ShimNotBuilt
+    from .shim.libnpl import ShimNotBuilt
 
     try:
         return args.run(args)

@@ -4,7 +4,7 @@ without CANN's libraries that dies in torch's 46-line "Failed to load the
 backend extension" traceback.  Before anything imports torch:
 
 - ``--device npu``: the command re-runs itself over the stand-in CANN
-  runtime of a repository checkout (``tests/npu_standin``, built once), and
+  runtime of a repository checkout (``tests/platforms/npu_standin``, built once), and
   says in one line that this is the stand-in, not NPU hardware; where there
   is no stand-in to build, one line says what is missing (exit 2);
 - any other device: torch is told not to load torch_npu (the simulated
@@ -21,9 +21,9 @@ from typing import Optional
 
 # set in the re-run process: it is on the stand-in already (and never re-runs twice)
 ON_STANDIN = "NPU_LIFETIME_ON_STANDIN"
-STANDIN_BUILD = Path(__file__).resolve().parent.parent / "tests" / "npu_standin" / "build.py"
+STANDIN_BUILD = Path(__file__).resolve().parent.parent / "tests" / "platforms" / "npu_standin" / "build.py"
 STANDIN_LINE = ("npu-lifetime: no CANN runtime here: running torch_npu over the stand-in CANN runtime "
-                "(tests/npu_standin, a CPU model for tests), not on NPU hardware")
+                "(tests/platforms/npu_standin, a CPU model for tests), not on NPU hardware")
 
 
 class StandinUnavailable(Exception):
@@ -43,7 +43,7 @@ def cann_missing() -> bool:
 
 def standin_environment() -> dict:
     """The variables a torch_npu process needs to run on the stand-in
-    (tests/npu_standin/build.py builds it once, cached)."""
+    (tests/platforms/npu_standin/build.py builds it once, cached)."""
     if not STANDIN_BUILD.exists():
         raise StandinUnavailable(f"{STANDIN_BUILD} is missing (the stand-in ships with a repository checkout, not "
                                  "a wheel): install CANN, or run from a checkout of npu_lifetime")

@@ -1,4 +1,4 @@
-"""Per rank and mode, the FSDP2 reports a `pytest -s tests/test_gpu_fsdp2.py`
+"""Per rank and mode, the FSDP2 reports a `pytest -s tests/recording/test_gpu_fsdp2.py`
 log printed: losses against the recipe's, peak active/reserved memory, step
 time, the sanitizer's unexpected findings and the pressure phase.
 

@@ -16,9 +16,9 @@ python3 -c "from npu_lifetime.shim import bridge; print('trace bridge:', bridge.
 python3 -c "import npu_lifetime.sanitizer.native as n; print('native parts:', n.in_use())" | tee -a "$OUT/machine.txt"
 echo "build $((SECONDS-T0)) s"
 timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -rfEs -p no:cacheprovider \
-  tests/test_gpu_sanitizer_default_raise.py tests/test_sanitizer_seam_faults.py tests/test_sanitizer_threads.py \
-  tests/test_sanitizer_odd_tensors.py tests/test_sanitizer_read_backs.py tests/test_sanitizer_bad_arguments.py \
-  tests/test_gpu_sanitizer.py tests/test_trace_bridge.py tests/test_native_switch.py > "$OUT/gpu_tests.log" 2>&1
+  tests/sanitizer/test_gpu_sanitizer_default_raise.py tests/sanitizer/test_sanitizer_seam_faults.py tests/sanitizer/test_sanitizer_threads.py \
+  tests/sanitizer/test_sanitizer_odd_tensors.py tests/sanitizer/test_sanitizer_read_backs.py tests/sanitizer/test_sanitizer_bad_arguments.py \
+  tests/sanitizer/test_gpu_sanitizer.py tests/sanitizer/test_trace_bridge.py tests/sanitizer/test_native_switch.py > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$? $((SECONDS-T0)) s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20; tail -2 "$OUT/gpu_tests.log"
 bench() { local name=$1 limit=$2; shift 2; local t=$SECONDS
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"${TAILN:-8}" "$OUT/$name.log"; }

@@ -18,12 +18,12 @@ timeout 90 python3 benchmarks/bench_capture_memory.py --json "$OUT/capture_memor
 echo "== capture memory rc=$? $((SECONDS-T0)) s"; grep -v "^done" "$OUT/capture_memory.txt"
 timeout 100 python3 benchmarks/bench_cross_stream.py --json "$OUT/cross_stream.json" > "$OUT/cross_stream.txt" 2>&1
 echo "== cross stream rc=$? $((SECONDS-T0)) s"; cat "$OUT/cross_stream.txt" | tail -14
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_capture_reuse.py > "$OUT/capture_tests.log" 2>&1
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/shim/test_gpu_capture_reuse.py > "$OUT/capture_tests.log" 2>&1
 echo "== capture reuse GPU tests rc=$? $((SECONDS-T0)) s: $(tail -1 "$OUT/capture_tests.log")"
-ORACLE_TESTS=tests/test_gpu_shim.py TEST_LIMIT=130 OUT="$OUT" bash tools/gpu_oracle.sh
+ORACLE_TESTS=tests/shim/test_gpu_shim.py TEST_LIMIT=130 OUT="$OUT" bash tools/gpu_oracle.sh
 echo "== oracle done $((SECONDS-T0)) s"
 # issue 37's GPU tests merged this session: checkpoints, memory history one for one, cacheInfo
-timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_entry_points.py \
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/shim/test_gpu_entry_points.py \
   -k "checkpoint or history or cache_info" > "$OUT/entry_point_tests.log" 2>&1
 echo "== entry-point GPU tests rc=$? $((SECONDS-T0)) s: $(tail -1 "$OUT/entry_point_tests.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/entry_point_tests.log" | head

@@ -17,12 +17,12 @@ summary() { grep -hE "^========= [A-Z]" "$1" | grep -v "COMPUTE-SANITIZER" | sed
 # out-of-memory test, whose failed cudaMallocAsync calls compute-sanitizer reports as API errors, and the
 # deliberately buggy hand-off (run alone below: its errors are the program's bug, which must be reported).
 NPU_LIFETIME_SHIM_ORACLE=1 timeout "${TEST_LIMIT:-300}" $CS python3 -m pytest -q -p no:cacheprovider \
-  ${ORACLE_TESTS:-tests/test_gpu_shim.py tests/test_gpu_record_use.py} \
+  ${ORACLE_TESTS:-tests/shim/test_gpu_shim.py tests/recording/test_gpu_record_use.py} \
   -k "not blocks_cached and not poll_policy and not lazy_wait_holds and not out_of_memory and not late_reader_sees" \
   > "$OUT/oracle_tests.log" 2>&1
 echo "1) shim GPU tests in the oracle mode rc=$? $((SECONDS-T0)) s: $(tail -1 "$OUT/oracle_tests.log")"; summary "$OUT/oracle_tests.log"
 # the GPU tests' own buggy hand-off (no record call), alone: the program's bug must be reported
-NPU_LIFETIME_SHIM_ORACLE=1 timeout 60 $CS python3 -m pytest -q -p no:cacheprovider tests/test_gpu_shim.py \
+NPU_LIFETIME_SHIM_ORACLE=1 timeout 60 $CS python3 -m pytest -q -p no:cacheprovider tests/shim/test_gpu_shim.py \
   -k "late_reader_sees_corruption and shim" > "$OUT/oracle_buggy_test.log" 2>&1
 echo "1b) the tests' buggy hand-off rc=$?: $(tail -1 "$OUT/oracle_buggy_test.log")"; summary "$OUT/oracle_buggy_test.log"
 NPU_LIFETIME_SHIM_ORACLE=1 timeout 90 $CS python3 tools/oracle_programs.py model > "$OUT/oracle_model.log" 2>&1
@@ -35,7 +35,7 @@ summary "$OUT/oracle_buggy.log"
 python3 - <<'PY' > "$OUT/mutant_build.log" 2>&1
 import sys; sys.path.insert(0, "tests")
 from pathlib import Path
-from shim_testing import build_shim
+from helpers.shim_testing import build_shim
 out = Path("/tmp/npl_mutant"); out.mkdir(exist_ok=True)
 print(build_shim(out, "-DNPL_MUTANT_ORDERED_RELEASE"))
 PY

@@ -14,9 +14,9 @@ python3 -c "from npu_lifetime.shim import bridge; print('trace bridge:', bridge.
   >> "$OUT/machine.txt" 2>&1
 echo "build $((SECONDS-T0)) s"
 timeout "${TEST_LIMIT:-540}" python3 -m pytest -q -rfEs -p no:cacheprovider --durations=10 \
-  tests/test_gpu_sanitizer.py tests/test_gpu_verdicts.py tests/test_gpu_corpus.py tests/test_gpu_handoff.py \
-  tests/test_event_hook.py tests/test_trace_feed.py tests/test_native_parity.py tests/test_host_lock.py \
-  tests/test_sanitizer_reports.py tests/test_gpu_bad_inputs.py tests/test_dispatch_native_edges.py tests/test_event_feed.py tests/test_trace_bridge.py \
-  tests/test_gpu_sanitizer_default_raise.py tests/test_sanitizer_seam_faults.py tests/test_sanitizer_threads.py \
-  tests/test_sanitizer_odd_tensors.py "$@" > "$OUT/gpu_tests.log" 2>&1
+  tests/sanitizer/test_gpu_sanitizer.py tests/sanitizer/test_gpu_verdicts.py tests/corpus/test_gpu_corpus.py tests/recording/test_gpu_handoff.py \
+  tests/sanitizer/test_event_hook.py tests/sanitizer/test_trace_feed.py tests/sanitizer/test_native_parity.py tests/sanitizer/test_host_lock.py \
+  tests/sanitizer/test_sanitizer_reports.py tests/cli/test_gpu_bad_inputs.py tests/sanitizer/test_dispatch_native_edges.py tests/sanitizer/test_event_feed.py tests/sanitizer/test_trace_bridge.py \
+  tests/sanitizer/test_gpu_sanitizer_default_raise.py tests/sanitizer/test_sanitizer_seam_faults.py tests/sanitizer/test_sanitizer_threads.py \
+  tests/sanitizer/test_sanitizer_odd_tensors.py "$@" > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$? $((SECONDS-T0)) s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30; tail -2 "$OUT/gpu_tests.log"

@@ -8,10 +8,10 @@ T0=$SECONDS; python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tai
 echo "build $((SECONDS-T0)) s"; cat $OUT/machine.txt
 step() { local name=$1 limit=$2; shift 2; T=$SECONDS; timeout $limit "$@" > $OUT/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-T)) s"; tail -${TAILN:-6} $OUT/$name.log; }
 TAILN=30 step tests2gpu ${TEST_LIMIT:-260} python3 -m pytest -s -rfEs -p no:cacheprovider \
-  tests/test_gpu_fsdp2.py "tests/test_gpu_corpus.py::test_distributed_programs_on_two_gpus" \
-  "tests/test_gpu_sanitizer.py::test_a_cross_device_copy_runs_on_the_source_devices_stream" \
-  "tests/test_gpu_sanitizer.py::test_nccl_collectives_are_accesses_on_nccls_stream_ordered_by_wait" \
-  "tests/test_gpu_sanitizer.py::test_record_use_rejects_bad_input"
+  tests/recording/test_gpu_fsdp2.py "tests/corpus/test_gpu_corpus.py::test_distributed_programs_on_two_gpus" \
+  "tests/sanitizer/test_gpu_sanitizer.py::test_a_cross_device_copy_runs_on_the_source_devices_stream" \
+  "tests/sanitizer/test_gpu_sanitizer.py::test_nccl_collectives_are_accesses_on_nccls_stream_ordered_by_wait" \
+  "tests/sanitizer/test_gpu_sanitizer.py::test_record_use_rejects_bad_input"
 grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" $OUT/tests2gpu.log | tail -5
 TAILN=12 step bench_fsdp2 ${BENCH_LIMIT:-200} python3 benchmarks/bench_fsdp2.py --device cuda --launches 2 --rounds 4 --steps 20
 TAILN=30 step handoff_fsdp2 ${HANDOFF_LIMIT:-100} python3 -c "import sys; from npu_lifetime.cli import main; sys.exit(main())" handoff --device cuda --fsdp2 yes

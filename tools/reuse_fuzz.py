@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from npu_lifetime import shim  # noqa: E402
-from npu_lifetime.shim.native import library, take_string  # noqa: E402
+from npu_lifetime.shim.libnpl import library, take_string  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = (512, 4 * KIB, 100 * KIB, 1 * MIB, 3 * MIB, 4 * MIB)

@@ -9,7 +9,7 @@
 # the same pip run as the CPU torch, so torch_npu's `torch==2.13.0` is met by
 # the CPU build and pip never takes PyPI's CUDA build for it. Without CANN,
 # `npu-lifetime ... --device npu` there runs over the stand-in CANN runtime
-# (tests/npu_standin) and says so.
+# (tests/platforms/npu_standin) and says so.
 #
 # PyPI's torch for Linux is the CUDA build (torch 527 MB plus triton, 15
 # nvidia-* and 3 cuda-* packages: 2.74 GB to download). The CPU build

@@ -116,7 +116,7 @@ def device_late_read(device, handoff_class, reference: list, layers: int, width:
     """What a real device's late reads see: the harness with ``handoff_class``
     on ``device`` with the shim in debug mode and every consumer sleeping
     ``delay`` cycles before its last read (the mechanism of the GPU debug
-    tests, tests/gpu_programs/handoff_programs.py ``debug``).  A buffer freed
+    tests, tests/platforms/gpu_programs/handoff_programs.py ``debug``).  A buffer freed
     under its last read is poisoned first, so that read sees NaN: "poison";
     outputs that differ from ``reference`` without NaN: "other"; else "data"."""
     was_debug = shim.debug()

@@ -16,7 +16,7 @@ from .model import LifetimeModel, ModelInputError
 
 # The same model in C++ (native_model.cpp), an optional extension: None where
 # it was not built.  LifetimeModel (model.py) stays the default and the
-# reference the native one is compared with (tests/test_native_model.py,
+# reference the native one is compared with (tests/model/test_native_model.py,
 # `npu-lifetime fuzz --model native`).
 # Loaded through native_parts like every extension: NPU_LIFETIME_NATIVE=0 turns it off too.
 _native = load(f"{__name__}._native_model")

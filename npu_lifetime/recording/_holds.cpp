@@ -1,5 +1,5 @@
-// npu_lifetime.recording._holds: the native fallback's per-call path in C++
-// (native_fallback.py keeps the policy: segment table, capture gate, reaper,
+// npu_lifetime.recording._holds: the torch-allocator fallback's per-call path in C++
+// (torch_allocator_fallback.py keeps the policy: segment table, capture gate, reaper,
 // resize_ guard, fork; _holds_py.py is the same table in Python, used where
 // this extension is not built).
 //
@@ -995,7 +995,7 @@ void CudaRuntime_dealloc(CudaRuntime* self) {
 }
 
 PyModuleDef holds_module = {PyModuleDef_HEAD_INIT, "_holds",
-                            "The native fallback's table of held storages (see _holds.cpp).", -1, nullptr,
+                            "The torch-allocator fallback's table of held storages (see _holds.cpp).", -1, nullptr,
                             nullptr, nullptr, nullptr, nullptr};
 
 int ready_cuda_runtime_type() {

@@ -1,4 +1,4 @@
-"""The native fallback's table of held storages in Python: the same class as
+"""The torch-allocator fallback's table of held storages in Python: the same class as
 ``_holds.Table`` (``_holds.cpp``), used where that extension is not built.
 See _holds.cpp for what it keeps; both take the device API as callables.
 Only the extension takes a ``CudaRuntime`` (raw CUDA events): here events

@@ -22,7 +22,7 @@ Where a call goes, cheapest first:
    ``(handle, 0, cpu)``.
 3. **The kernel** (``_apply``): the shim route of the device if there is
    one; else, for cuda/npu, ``NativeFallback`` (event + owned reference
-   under the native caching allocator, ``native_fallback.py``); on the
+   under the native caching allocator, ``torch_allocator_fallback.py``); on the
    simulated device there is nothing to hold.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ..shim.install import stream_handle
 from ..shim.state import installed
 from ..shim.streams import device_stream
 from . import watchers
-from .native_fallback import FALLBACK
+from .torch_allocator_fallback import FALLBACK
 
 DEVICE_TYPES = ("cuda", "npu")
 _CPU = 0  # c10::DeviceType::CPU, how a simulated stream travels through the op
@@ -251,7 +251,7 @@ def stream_from_op_args(stream_id: int, device_index: int, device_type: int):
 
 
 def _apply(tensor: torch.Tensor, stream) -> None:
-    """The op's kernel: the device's shim route, else the native fallback."""
+    """The op's kernel: the device's shim route, else the torch-allocator fallback."""
     device_type = tensor.device.type
     if device_type in DEVICE_TYPES:
         stream = _typed_stream(device_type, stream)
@@ -361,7 +361,7 @@ def _cuda_route() -> _ShimRoute:
 
 def _npu_route() -> _ShimRoute:
     """Run against the real torch_npu on a stand-in CANN runtime
-    (tests/npu_standin); not on NPU hardware.  Streams become aclrtStreams
+    (tests/platforms/npu_standin); not on NPU hardware.  Streams become aclrtStreams
     through the NPU bridge, without draining torch_npu's task queue."""
     import torch_npu
 
@@ -398,7 +398,7 @@ def _installed_route(device_type: str) -> Optional[_ShimRoute]:
 
 def _enable_fast_path_if_installed(device_type: str) -> None:
     """The shim's fast path for the device if the shim is installed for it,
-    else the native fallback's (replaced once the shim is installed)."""
+    else the torch-allocator fallback's (replaced once the shim is installed)."""
     global _fast
     if (_fast is None or getattr(_fast, "fallback", False)) and device_type in DEVICE_TYPES:
         route = _routes.get(device_type) or _installed_route(device_type)

@@ -1,4 +1,4 @@
-// The CUDA runtime entry points the native fallback's table calls directly
+// The CUDA runtime entry points the torch-allocator fallback's table calls directly
 // (_holds.cpp): event create/record/query/synchronize/destroy and the
 // stream capture check, resolved with dlsym from a library the process has
 // already loaded (torch's libtorch_cuda.so: dlsym on its handle searches it

@@ -1,5 +1,5 @@
 """Who watches the lifetime calls: the hook through which record_use,
-record_stream and erase_stream (``calls.py``), the native fallback and the
+record_stream and erase_stream (``calls.py``), the torch-allocator fallback and the
 hand-off harness reach the sanitizers without importing them.  The
 sanitizer's dispatcher publishes the enabled sanitizers by device type
 (``publish``); the callers here ask a fast yes/no for the hot path

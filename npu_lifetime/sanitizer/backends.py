@@ -271,7 +271,7 @@ def _shim_blocks() -> dict:
 class NpuBackend(_TraceBackend):
     """torch_npu: its trace API (torch_npu.utils._npu_trace,
     torch_npu._C._activate_npu_trace).  Run against the real torch_npu on a
-    stand-in CANN runtime (tests/npu_standin), not on NPU hardware.
+    stand-in CANN runtime (tests/platforms/npu_standin), not on NPU hardware.
 
     Trace callbacks fire inside torch_npu's ``_lazy_init`` (the device's
     first streams and events), so nothing here may call into torch.npu's

@@ -58,7 +58,7 @@ threads = _load("_threads")
 
 def model_class() -> type:
     """The lifetime model the sanitizer feeds: the native one (C++, the same
-    semantics, checked against model.py by tests/test_native_model.py and
+    semantics, checked against model.py by tests/model/test_native_model.py and
     ``npu-lifetime fuzz --model native``) where it was built, else model.py's."""
     from .. import lifetime
 

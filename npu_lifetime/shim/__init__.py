@@ -56,7 +56,7 @@ from .api import (
     stats,
     trace,
 )
-from .native import ShimNotBuilt, library_path
+from .libnpl import ShimNotBuilt, library_path
 
 __all__ = [
     "DEFAULT_POLICY", "POLICIES", "ShimError", "ShimNotBuilt", "alloc", "base_allocation",

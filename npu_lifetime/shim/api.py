@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Optional, Tuple
 
 from . import arguments as check
-from .native import library, take_string
+from .libnpl import library, take_string
 
 POLICIES = {"poll": 0, "stream_wait": 1, "lazy_wait": 2}
 DEFAULT_POLICY = "lazy_wait"

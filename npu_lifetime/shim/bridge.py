@@ -35,7 +35,7 @@ import sysconfig
 from pathlib import Path
 from typing import Optional
 
-from .native import library, symbol_address
+from .libnpl import library, symbol_address
 
 TORCH_BRIDGE = "oom_bridge.cpp"
 NPU_BRIDGE = "npu_queue_bridge.cpp"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..native_parts import load
-from .native import ALLOC_HOOK, FREE_HOOK, library
+from .libnpl import ALLOC_HOOK, FREE_HOOK, library
 
 Callback = Callable[[int, int, int, int], None]
 

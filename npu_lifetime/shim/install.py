@@ -15,7 +15,7 @@ from ..flags import env_flag, env_mode
 from . import api
 from . import arguments as check
 from . import npu_queue, state
-from .native import library_path, symbol_address
+from .libnpl import library_path, symbol_address
 from .state import InstallError, Installed, installed  # noqa: F401  (install's names, as before)
 
 # device: (shim runtime, {allocator-object setter: shim entry point})

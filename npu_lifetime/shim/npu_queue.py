@@ -14,7 +14,7 @@ into aclrtStreams without draining the queue (``Stream.npu_stream`` drains
 it).
 
 Tested against the real torch_npu on a stand-in CANN runtime
-(``tests/npu_standin``); it has not run on NPU hardware.
+(``tests/platforms/npu_standin``); it has not run on NPU hardware.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .native import library
+from .libnpl import library
 from .state import InstallError
 from .streams import device_stream
 

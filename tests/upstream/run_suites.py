@@ -25,7 +25,7 @@ same goes to OUT/comparison.json and OUT/comparison.md.  Exit status 0 when
 the pass sets are the same, 1 when they differ, 2 on a usage error.
 
 Torch-free on purpose (the comparison is unit-tested on CPU in
-tests/test_upstream_runner.py): torch is only imported by the pytest
+tests/tooling/test_upstream_runner.py): torch is only imported by the pytest
 processes it starts.
 """
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Shared test helpers (no tests here): imported as ``helpers.NAME``."""

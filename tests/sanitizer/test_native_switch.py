@@ -1,0 +1,51 @@
+"""NPU_LIFETIME_NATIVE=0 turns off every optional C extension (native_parts.py):
+the sanitizer's, the shim's hook relay and the torch-allocator fallback's holds
+(which ignored the switch before), so the pure-Python paths run."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROGRAM = """
+import json, sys
+from npu_lifetime.sanitizer import native, threads
+from npu_lifetime.recording import torch_allocator_fallback
+from npu_lifetime.shim import hooks
+from npu_lifetime.lifetime import model_class
+loaded = sorted(name for name, module in sys.modules.items()
+                if name.startswith("npu_lifetime.") and getattr(module, "__file__", "") and
+                module.__file__.endswith(".so"))
+print(json.dumps({"loaded": loaded, "table": torch_allocator_fallback.Table.__module__}))
+"""
+
+
+def _run(native: str) -> dict:
+    import json
+    import os
+
+    env = dict(os.environ, NPU_LIFETIME_NATIVE=native)
+    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_switch_turns_every_extension_off():
+    off = _run("0")
+    assert off["loaded"] == [], off
+    assert off["table"].endswith("_holds_py")
+
+
+# every optional extension setup.py builds (its OPTIONAL_EXTENSIONS list)
+_SETUP = (ROOT / "setup.py").read_text()
+EXTENSIONS = sorted(re.findall(r'Extension\("([\w.]+)"',
+                               _SETUP[_SETUP.index("OPTIONAL_EXTENSIONS = ["):_SETUP.index("\n]\n")]))
+
+
+def test_without_the_switch_every_extension_is_built_and_loads():
+    """Each C part builds (a failed optional build only warns at install,
+    and an old .so left in place can hide it) and is loaded."""
+    on = _run("1")
+    assert on["loaded"] == EXTENSIONS, set(EXTENSIONS) ^ set(on["loaded"])
+    assert on["table"].endswith("._holds")
