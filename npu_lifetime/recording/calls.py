@@ -28,18 +28,19 @@ Where a call goes, cheapest first:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import operator
 from typing import Callable, Optional
 
 import torch
 
-from .. import simdevice, storage_holders
+from .. import native_parts, simdevice, storage_holders
 from ..shim import api as shim_api
 from ..shim import state as shim_state
 from ..shim.install import stream_handle
 from ..shim.state import installed
 from ..shim.streams import device_stream
-from . import watchers
+from . import traced_entry, watchers
 from .native_fallback import FALLBACK
 
 DEVICE_TYPES = ("cuda", "npu")
@@ -57,9 +58,12 @@ class RecordUseError(ValueError):
 
 
 # -- public calls -----------------------------------------------------------------------
-def record_use(tensor: torch.Tensor, stream=None) -> None:
+def record_use_reference(tensor: torch.Tensor, stream=None) -> None:
     """Keeps ``tensor``'s memory from being reused until the work queued on
-    ``stream`` (default: the current stream) so far has finished."""
+    ``stream`` (default: the current stream) so far has finished.  The
+    pure-Python entry: ``record_use`` is the C one (``_entry.c``) where it
+    is built, this otherwise; every call the C entry does not finish itself
+    comes here."""
     fast = _fast
     if fast is not None and fast(tensor, stream):
         return
@@ -292,10 +296,11 @@ class _ShimRoute:
     every check the common case does not need."""
 
     def __init__(self, device_type: str, stream_type: type, handle: Callable, current_handle: Callable,
-                 device_flag: str, device_index: Callable) -> None:
+                 device_flag: str, device_index: Callable, handle_attr: Optional[str] = None) -> None:
         self.device_type = device_type
         self.stream_type = stream_type
         self.handle = handle  # typed stream -> raw handle
+        self.handle_attr = handle_attr  # the attribute ``handle`` reads, if it reads one (the C path reads it itself)
         self.current_handle = current_handle  # tensor -> raw handle of its device's current stream
         self.device_flag = device_flag  # the tensor property that is True on this device ("is_cuda", ...)
         self.device_index = device_index  # tensor -> the device index its streams carry
@@ -307,6 +312,17 @@ class _ShimRoute:
             raise _shim_refused(tensor, ptr)
 
     def _make_fast(self) -> Callable:
+        """The C fast path (``_entry.ShimFast``) where it is built, else
+        the Python one; the two do the same."""
+        if _entry is None:
+            return self.make_fast_reference()
+        return _entry.ShimFast(
+            ctypes.cast(_npl_record_use(), ctypes.c_void_p).value, self.stream_type,
+            self.handle_attr or self.handle, self.current_handle, self.device_flag, self.device_index,
+            _shim_refused, _dispatch_modes,
+        )
+
+    def make_fast_reference(self) -> Callable:
         npl_record_use = _npl_record_use()
         stream_type, handle_of, current_handle = self.stream_type, self.handle, self.current_handle
         device_flag, device_index = self.device_flag, self.device_index
@@ -353,7 +369,7 @@ def _shim_refused(tensor: torch.Tensor, ptr: int, call: str = "record_use") -> R
 
 def _cuda_route() -> _ShimRoute:
     return _ShimRoute(
-        "cuda", torch.cuda.Stream, handle=operator.attrgetter("cuda_stream"),
+        "cuda", torch.cuda.Stream, handle=operator.attrgetter("cuda_stream"), handle_attr="cuda_stream",
         current_handle=lambda t, raw=torch._C._cuda_getCurrentRawStream: raw(t.get_device()),
         device_flag="is_cuda", device_index=torch.Tensor.get_device,
     )
@@ -468,12 +484,34 @@ def shim_route(route: _ShimRoute):
             _routes[route.device_type] = previous_route
 
 
+# -- the entry: C where built ---------------------------------------------------------------------
+_entry = native_parts.load("npu_lifetime.recording._entry")
+
+
+def _record_use_polyfill(tensor, stream=None) -> None:
+    """What dynamo traces in place of the C entry (it cannot trace C): the
+    checked path, which under compilation emits the custom op."""
+    _record_use_checked(tensor, stream)
+
+
+if _entry is not None:
+    _entry.configure(globals(), record_use_reference)
+    record_use = _entry.record_use
+    traced_entry.substitute_when_traced(record_use, _record_use_polyfill)
+else:
+    record_use = record_use_reference
+
+
 # -- Tensor.record_use (opt-in) -------------------------------------------------------------------
-def _tensor_record_use(self: torch.Tensor, stream=None) -> None:
+def _tensor_record_use_reference(self: torch.Tensor, stream=None) -> None:
     """Keeps this tensor's memory from reuse until the work queued on
     ``stream`` (default: the current stream) so far has finished
     (npu_lifetime.record_use)."""
     record_use(self, stream)
+
+
+# the C entry as a method descriptor of torch.Tensor: no bound method, no frame per call
+_tensor_record_use = _tensor_record_use_reference if _entry is None else _entry.tensor_method(torch.Tensor)
 
 
 def install_tensor_method() -> None:

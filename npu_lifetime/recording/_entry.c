@@ -1,0 +1,327 @@
+/* npu_lifetime.recording._entry: record_use's Python entry in C, for the
+ * shim's route.  calls.py keeps the pure-Python entry (record_use_reference)
+ * and the route's Python fast path (_ShimRoute's make_fast_reference); this
+ * does what they do, without a Python frame or a ctypes call per call.
+ *
+ * ShimFast(npl_record_use, stream_type, handle, current_handle, device_flag,
+ *          device_index, refused, dispatch_modes)
+ *   The shim route's fast path: fast(tensor, stream) -> True when recorded,
+ *   False when a check failed (nothing done: the checked path says what was
+ *   wrong); raises refused(tensor, ptr) when the shim refuses the storage.
+ *   npl_record_use: the shim function's address; handle: a typed stream's
+ *   raw handle, an attribute name (str, "cuda_stream") or a callable;
+ *   current_handle(tensor), device_index(tensor): callables; device_flag:
+ *   the tensor attribute True on the route's device ("is_cuda");
+ *   dispatch_modes(): how many dispatch modes this thread has (the call
+ *   steps aside under any: a sanitizer or a tracer must see the op).
+ *
+ * configure(namespace, reference)
+ *   namespace: calls.py's globals, where "_fast" is the active fast path;
+ *   reference: the pure-Python record_use every other call goes to.
+ * record_use(tensor, stream=None)
+ *   With a ShimFast active, its checks and the shim call inline; anything
+ *   else (another fast path, a failed check, keywords) is the reference's.
+ * tensor_method(type) -> a method descriptor of `type` calling record_use
+ *   with the tensor as self (Tensor.record_use without a bound method or a
+ *   frame per call).
+ *
+ * A Python exception from any callable propagates (NULL); every reference
+ * taken is released on every path, through seam_release (a storage's
+ * release may run Python code).  Nothing of it outlives the call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include "../seam.h"
+#include <stdint.h>
+
+typedef int (*npl_record_use_fn)(void *ptr, void *stream);
+
+typedef struct {
+    PyObject_HEAD
+    npl_record_use_fn npl_record_use;
+    PyObject *stream_type;
+    PyObject *handle;  /* str: an attribute; else a callable */
+    PyObject *current_handle;
+    PyObject *device_flag;
+    PyObject *device_index;
+    PyObject *refused;
+    PyObject *dispatch_modes;
+} ShimFast;
+
+static PyTypeObject ShimFastType;
+static PyObject *namespace_dict; /* calls.py's globals (owned), or NULL before configure */
+static PyObject *reference;      /* the pure-Python record_use (owned) */
+static PyObject *s_fast, *s_untyped_storage, *s_data_ptr, *s_device_index;
+
+/* A Python int -> pointer-sized handle; the int is released.  -1 with an exception. */
+static int take_handle(PyObject *value, void **out) {
+    if (value == NULL) return -1;
+    if (!PyLong_Check(value)) {
+        seam_release(value);
+        return 0; /* not a handle: the checked path */
+    }
+    unsigned long long h = PyLong_AsUnsignedLongLongMask(value);
+    seam_release(value);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (void *)(uintptr_t)h;
+    return 1;
+}
+
+/* A Python int -> long, released; 1 done, 0 not an int, -1 exception. */
+static int take_long(PyObject *value, long *out) {
+    if (value == NULL) return -1;
+    if (!PyLong_Check(value)) {
+        seam_release(value);
+        return 0;
+    }
+    *out = PyLong_AsLong(value);
+    seam_release(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 1;
+}
+
+/* An AttributeError or TypeError (not a tensor, not a stream) sends the call
+ * to the checked path as the Python fast path's except clause does: 0. */
+static int checks_failed(void) {
+    if (PyErr_ExceptionMatches(PyExc_AttributeError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* The stream's raw handle: 1 found, 0 not this route's stream (checked
+ * path), -1 exception. */
+static int stream_handle(ShimFast *self, PyObject *tensor, PyObject *stream, void **handle) {
+    if (stream == Py_None) return take_handle(PyObject_CallOneArg(self->current_handle, tensor), handle);
+    if ((PyObject *)Py_TYPE(stream) != self->stream_type) return 0;
+    long stream_device, tensor_device;
+    int got = take_long(PyObject_GetAttr(stream, s_device_index), &stream_device);
+    if (got <= 0) return got;
+    got = take_long(PyObject_CallOneArg(self->device_index, tensor), &tensor_device);
+    if (got <= 0) return got;
+    if (stream_device != tensor_device) return 0;
+    PyObject *raw = PyUnicode_Check(self->handle) ? PyObject_GetAttr(stream, self->handle)
+                                                  : PyObject_CallOneArg(self->handle, stream);
+    return take_handle(raw, handle);
+}
+
+/* The storage's address: 1 (0 for a freed storage: the checked path), -1 exception. */
+static int storage_address(PyObject *tensor, void **ptr) {
+    PyObject *storage = PyObject_CallMethodNoArgs(tensor, s_untyped_storage);
+    if (storage == NULL) return -1;
+    PyObject *address = PyObject_CallMethodNoArgs(storage, s_data_ptr);
+    seam_release(storage);
+    int got = take_handle(address, ptr);
+    return got <= 0 ? got : (*ptr != NULL);
+}
+
+/* The fast path: 1 recorded, 0 a check failed (nothing done), -1 exception. */
+static int shim_fast(ShimFast *self, PyObject *tensor, PyObject *stream) {
+    long modes;
+    int got = take_long(PyObject_CallNoArgs(self->dispatch_modes), &modes);
+    if (got <= 0) return got;
+    if (modes != 0) return 0;
+    PyObject *on_device = PyObject_GetAttr(tensor, self->device_flag);
+    if (on_device == NULL) return checks_failed();
+    seam_release(on_device); /* True/False: never the last reference */
+    if (on_device != Py_True) return 0;
+    void *handle = NULL, *ptr = NULL;
+    got = stream_handle(self, tensor, stream, &handle);
+    if (got == 0) return 0;
+    if (got < 0 || (got = storage_address(tensor, &ptr)) < 0) return checks_failed();
+    if (got == 0) return 0;
+    if (self->npl_record_use(ptr, handle) == 0) return 1;
+    PyObject *address = PyLong_FromVoidPtr(ptr);
+    if (address == NULL) return -1;
+    PyObject *error = PyObject_CallFunctionObjArgs(self->refused, tensor, address, NULL);
+    seam_release(address);
+    if (error == NULL) return -1;
+    PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+    seam_release(error);
+    return -1;
+}
+
+static PyObject *ShimFast_call(ShimFast *self, PyObject *args, PyObject *kwargs) {
+    PyObject *tensor, *stream;
+    static char *names[] = {"tensor", "stream", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:fast", names, &tensor, &stream)) return NULL;
+    int done = shim_fast(self, tensor, stream);
+    if (done < 0) return NULL;
+    return PyBool_FromLong(done);
+}
+
+static int ShimFast_init(ShimFast *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"npl_record_use", "stream_type", "handle", "current_handle", "device_flag",
+                            "device_index", "refused", "dispatch_modes", NULL};
+    PyObject *address, *stream_type, *handle, *current_handle, *device_flag, *device_index, *refused, *modes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOUOOO:ShimFast", names, &address, &stream_type, &handle,
+                                     &current_handle, &device_flag, &device_index, &refused, &modes))
+        return -1;
+    void *fn = PyLong_AsVoidPtr(address);
+    if (fn == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ShimFast: npl_record_use's address is 0");
+        return -1;
+    }
+    if (!PyType_Check(stream_type)) {
+        PyErr_SetString(PyExc_TypeError, "ShimFast: stream_type must be a type");
+        return -1;
+    }
+    if (!PyUnicode_Check(handle) && !PyCallable_Check(handle)) {
+        PyErr_SetString(PyExc_TypeError, "ShimFast: handle must be an attribute name or a callable");
+        return -1;
+    }
+    PyObject *callables[] = {current_handle, device_index, refused, modes};
+    for (size_t i = 0; i < sizeof callables / sizeof callables[0]; i++) {
+        if (!PyCallable_Check(callables[i])) {
+            PyErr_SetString(PyExc_TypeError, "ShimFast: current_handle, device_index, refused and "
+                                             "dispatch_modes must be callables");
+            return -1;
+        }
+    }
+    self->npl_record_use = (npl_record_use_fn)(uintptr_t)fn;
+    PyObject **slots[] = {&self->stream_type, &self->handle, &self->current_handle, &self->device_flag,
+                          &self->device_index, &self->refused, &self->dispatch_modes};
+    PyObject *values[] = {stream_type, handle, current_handle, device_flag, device_index, refused, modes};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        Py_INCREF(values[i]);
+        Py_XSETREF(*slots[i], values[i]);
+    }
+    return 0;
+}
+
+static int ShimFast_traverse(ShimFast *self, visitproc visit, void *arg) {
+    Py_VISIT(self->stream_type);
+    Py_VISIT(self->handle);
+    Py_VISIT(self->current_handle);
+    Py_VISIT(self->device_flag);
+    Py_VISIT(self->device_index);
+    Py_VISIT(self->refused);
+    Py_VISIT(self->dispatch_modes);
+    return 0;
+}
+
+static int ShimFast_clear(ShimFast *self) {
+    Py_CLEAR(self->stream_type);
+    Py_CLEAR(self->handle);
+    Py_CLEAR(self->current_handle);
+    Py_CLEAR(self->device_flag);
+    Py_CLEAR(self->device_index);
+    Py_CLEAR(self->refused);
+    Py_CLEAR(self->dispatch_modes);
+    return 0;
+}
+
+static void ShimFast_dealloc(ShimFast *self) {
+    PyObject_GC_UnTrack(self);
+    ShimFast_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* record_use(tensor, stream=None) after the arguments were split. */
+static PyObject *entry(PyObject *tensor, PyObject *stream, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (reference == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "npu_lifetime.recording._entry: configure() was not called");
+        return NULL;
+    }
+    if (tensor != NULL) {
+        PyObject *fast = PyDict_GetItemWithError(namespace_dict, s_fast); /* borrowed */
+        if (fast == NULL && PyErr_Occurred()) return NULL;
+        if (fast != NULL && Py_TYPE(fast) == &ShimFastType) {
+            Py_INCREF(fast); /* kept across the call: a callable it runs may replace _fast */
+            int done = shim_fast((ShimFast *)fast, tensor, stream);
+            Py_DECREF(fast);
+            if (done < 0) return NULL;
+            if (done) Py_RETURN_NONE;
+        }
+    }
+    return PyObject_Vectorcall(reference, args, nargsf, kwnames);
+}
+
+static PyObject *record_use(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    (void)module;
+    int plain = kwnames == NULL && (nargs == 1 || nargs == 2);
+    return entry(plain ? args[0] : NULL, plain && nargs == 2 ? args[1] : Py_None, args, (size_t)nargs, kwnames);
+}
+
+/* Tensor.record_use(self, stream=None): args[0] is the tensor. */
+static PyObject *tensor_record_use(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (kwnames != NULL || nargs > 1) { /* the reference says what is wrong, or takes the keyword */
+        PyObject *stack[8];
+        if (nargs + 1 + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 8) {
+            PyErr_SetString(PyExc_TypeError, "Tensor.record_use(stream=None): too many arguments");
+            return NULL;
+        }
+        Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+        stack[0] = self;
+        for (Py_ssize_t i = 0; i < total; i++) stack[i + 1] = args[i];
+        return entry(NULL, NULL, stack, (size_t)(nargs + 1), kwnames);
+    }
+    PyObject *stack[2] = {self, nargs == 1 ? args[0] : Py_None};
+    return entry(self, stack[1], stack, 2, NULL);
+}
+
+static PyMethodDef tensor_method_def = {
+    "record_use", (PyCFunction)(void (*)(void))tensor_record_use, METH_FASTCALL | METH_KEYWORDS,
+    "record_use(stream=None)\n--\n\nKeeps this tensor's memory from reuse until the work queued on stream "
+    "(default: the current stream) so far has finished (npu_lifetime.record_use)."};
+
+static PyObject *tensor_method(PyObject *module, PyObject *type) {
+    (void)module;
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "tensor_method(type)");
+        return NULL;
+    }
+    return PyDescr_NewMethod((PyTypeObject *)type, &tensor_method_def);
+}
+
+static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "configure(namespace: dict, reference: callable)");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(namespace_dict, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(reference, args[1]);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"record_use", (PyCFunction)(void (*)(void))record_use, METH_FASTCALL | METH_KEYWORDS,
+     "record_use(tensor, stream=None)\n--\n\nKeeps tensor's memory from being reused until the work queued on "
+     "stream (default: the current stream) so far has finished."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "configure(namespace, reference)"},
+    {"tensor_method", tensor_method, METH_O, "tensor_method(type): Tensor.record_use as a method descriptor"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_entry", NULL, -1, module_methods,
+                                        NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__entry(void) {
+    ShimFastType.tp_name = "npu_lifetime.recording._entry.ShimFast";
+    ShimFastType.tp_basicsize = sizeof(ShimFast);
+    ShimFastType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+    ShimFastType.tp_new = PyType_GenericNew;
+    ShimFastType.tp_init = (initproc)ShimFast_init;
+    ShimFastType.tp_call = (ternaryfunc)ShimFast_call;
+    ShimFastType.tp_traverse = (traverseproc)ShimFast_traverse;
+    ShimFastType.tp_clear = (inquiry)ShimFast_clear;
+    ShimFastType.tp_dealloc = (destructor)ShimFast_dealloc;
+    ShimFastType.tp_doc = "ShimFast(...): the shim route's fast path, fast(tensor, stream) -> bool";
+    if (PyType_Ready(&ShimFastType) < 0) return NULL;
+    s_fast = PyUnicode_InternFromString("_fast");
+    s_untyped_storage = PyUnicode_InternFromString("untyped_storage");
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_device_index = PyUnicode_InternFromString("device_index");
+    if (!s_fast || !s_untyped_storage || !s_data_ptr || !s_device_index) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    Py_INCREF(&ShimFastType);
+    if (PyModule_AddObject(module, "ShimFast", (PyObject *)&ShimFastType) < 0) {
+        Py_DECREF(&ShimFastType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
