@@ -119,8 +119,8 @@ static int storage_address(PyObject *tensor, void **ptr) {
 static int shim_fast(ShimFast *self, PyObject *tensor, PyObject *stream) {
     long modes;
     int got = take_long(PyObject_CallNoArgs(self->dispatch_modes), &modes);
-    if (got <= 0) return got;
-    if (modes != 0) return 0;
+    if (got < 0) return checks_failed();
+    if (got == 0 || modes != 0) return 0;
     PyObject *on_device = PyObject_GetAttr(tensor, self->device_flag);
     if (on_device == NULL) return checks_failed();
     seam_release(on_device); /* True/False: never the last reference */
