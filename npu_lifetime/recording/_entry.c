@@ -15,6 +15,13 @@
  *   dispatch_modes(): how many dispatch modes this thread has (the call
  *   steps aside under any: a sanitizer or a tracer must see the op).
  *
+ * FallbackFast(table_fast, device_flag, current_stream, dispatch_modes, shim_state)
+ *   The fast path to the native fallback's table (calls.fallback_fast_path
+ *   is its reference): no dispatch mode, no shim installed since
+ *   (shim_state._installed is None), the current stream
+ *   current_stream(tensor.device) for None; then table_fast(tensor, stream),
+ *   whose truth is the answer.  Its class attribute ``fallback`` is True.
+ *
  * configure(namespace, reference)
  *   namespace: calls.py's globals, where "_fast" is the active fast path;
  *   reference: the pure-Python record_use every other call goes to.
@@ -48,10 +55,19 @@ typedef struct {
     PyObject *dispatch_modes;
 } ShimFast;
 
-static PyTypeObject ShimFastType;
+typedef struct {
+    PyObject_HEAD
+    PyObject *table_fast;
+    PyObject *device_flag;
+    PyObject *current_stream;
+    PyObject *dispatch_modes;
+    PyObject *shim_state;
+} FallbackFast;
+
+static PyTypeObject ShimFastType, FallbackFastType;
 static PyObject *namespace_dict; /* calls.py's globals (owned), or NULL before configure */
 static PyObject *reference;      /* the pure-Python record_use (owned) */
-static PyObject *s_fast, *s_untyped_storage, *s_data_ptr, *s_device_index;
+static PyObject *s_fast, *s_untyped_storage, *s_data_ptr, *s_device_index, *s_installed, *s_device;
 
 /* A Python int -> pointer-sized handle; the int is released.  -1 with an exception. */
 static int take_handle(PyObject *value, void **out) {
@@ -217,6 +233,103 @@ static void ShimFast_dealloc(ShimFast *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* -- FallbackFast ------------------------------------------------------------ */
+/* The current stream of the tensor's device: a new reference, NULL with no
+ * exception when the tensor is not this device's (the checked path), NULL
+ * with one on error. */
+static PyObject *current_stream(FallbackFast *self, PyObject *tensor) {
+    PyObject *on_device = PyObject_GetAttr(tensor, self->device_flag);
+    if (on_device == NULL) {
+        checks_failed(); /* the exception stays only if it is not the checked path's */
+        return NULL;
+    }
+    seam_release(on_device);
+    if (on_device != Py_True) return NULL;
+    PyObject *device = PyObject_GetAttr(tensor, s_device);
+    PyObject *stream = device == NULL ? NULL : PyObject_CallOneArg(self->current_stream, device);
+    seam_release(device);
+    if (stream == NULL) checks_failed();
+    return stream;
+}
+
+/* 1 recorded, 0 the checked path, -1 exception (as calls.fallback_fast_path). */
+static int fallback_fast(FallbackFast *self, PyObject *tensor, PyObject *stream) {
+    long modes;
+    int got = take_long(PyObject_CallNoArgs(self->dispatch_modes), &modes);
+    if (got <= 0 || modes != 0) return got < 0 ? -1 : 0;
+    PyObject *installed = PyObject_GetAttr(self->shim_state, s_installed);
+    if (installed == NULL) return -1;
+    seam_release(installed); /* the module keeps it */
+    if (installed != Py_None) return 0;
+    PyObject *current = NULL;
+    if (stream == Py_None) {
+        current = current_stream(self, tensor);
+        if (current == NULL) return PyErr_Occurred() ? -1 : 0;
+        stream = current;
+    }
+    PyObject *argv[2] = {tensor, stream};
+    PyObject *result = PyObject_Vectorcall(self->table_fast, argv, 2, NULL);
+    seam_release(current);
+    if (result == NULL) return -1;
+    int done = PyObject_IsTrue(result);
+    seam_release(result);
+    return done;
+}
+
+static PyObject *FallbackFast_call(FallbackFast *self, PyObject *args, PyObject *kwargs) {
+    PyObject *tensor, *stream;
+    static char *names[] = {"tensor", "stream", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:fast", names, &tensor, &stream)) return NULL;
+    int done = fallback_fast(self, tensor, stream);
+    if (done < 0) return NULL;
+    return PyBool_FromLong(done);
+}
+
+static int FallbackFast_init(FallbackFast *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"table_fast", "device_flag", "current_stream", "dispatch_modes", "shim_state", NULL};
+    PyObject *table_fast, *device_flag, *current, *modes, *shim_state;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOOO:FallbackFast", names, &table_fast, &device_flag,
+                                     &current, &modes, &shim_state))
+        return -1;
+    if (!PyCallable_Check(table_fast) || !PyCallable_Check(current) || !PyCallable_Check(modes)) {
+        PyErr_SetString(PyExc_TypeError, "FallbackFast: table_fast, current_stream and dispatch_modes must be callables");
+        return -1;
+    }
+    PyObject **slots[] = {&self->table_fast, &self->device_flag, &self->current_stream, &self->dispatch_modes,
+                          &self->shim_state};
+    PyObject *values[] = {table_fast, device_flag, current, modes, shim_state};
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        Py_INCREF(values[i]);
+        Py_XSETREF(*slots[i], values[i]);
+    }
+    return 0;
+}
+
+static int FallbackFast_traverse(FallbackFast *self, visitproc visit, void *arg) {
+    Py_VISIT(self->table_fast);
+    Py_VISIT(self->device_flag);
+    Py_VISIT(self->current_stream);
+    Py_VISIT(self->dispatch_modes);
+    Py_VISIT(self->shim_state);
+    return 0;
+}
+
+static int FallbackFast_clear(FallbackFast *self) {
+    Py_CLEAR(self->table_fast);
+    Py_CLEAR(self->device_flag);
+    Py_CLEAR(self->current_stream);
+    Py_CLEAR(self->dispatch_modes);
+    Py_CLEAR(self->shim_state);
+    return 0;
+}
+
+static void FallbackFast_dealloc(FallbackFast *self) {
+    PyObject_GC_UnTrack(self);
+    FallbackFast_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* -- the entry ----------------------------------------------------------------- */
 /* record_use(tensor, stream=None) after the arguments were split. */
 static PyObject *entry(PyObject *tensor, PyObject *stream, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (reference == NULL) {
@@ -226,9 +339,10 @@ static PyObject *entry(PyObject *tensor, PyObject *stream, PyObject *const *args
     if (tensor != NULL) {
         PyObject *fast = PyDict_GetItemWithError(namespace_dict, s_fast); /* borrowed */
         if (fast == NULL && PyErr_Occurred()) return NULL;
-        if (fast != NULL && Py_TYPE(fast) == &ShimFastType) {
+        if (fast != NULL && (Py_TYPE(fast) == &ShimFastType || Py_TYPE(fast) == &FallbackFastType)) {
             Py_INCREF(fast); /* kept across the call: a callable it runs may replace _fast */
-            int done = shim_fast((ShimFast *)fast, tensor, stream);
+            int done = Py_TYPE(fast) == &ShimFastType ? shim_fast((ShimFast *)fast, tensor, stream)
+                                                       : fallback_fast((FallbackFast *)fast, tensor, stream);
             Py_DECREF(fast);
             if (done < 0) return NULL;
             if (done) Py_RETURN_NONE;
@@ -310,16 +424,38 @@ PyMODINIT_FUNC PyInit__entry(void) {
     ShimFastType.tp_dealloc = (destructor)ShimFast_dealloc;
     ShimFastType.tp_doc = "ShimFast(...): the shim route's fast path, fast(tensor, stream) -> bool";
     if (PyType_Ready(&ShimFastType) < 0) return NULL;
+    FallbackFastType.tp_name = "npu_lifetime.recording._entry.FallbackFast";
+    FallbackFastType.tp_basicsize = sizeof(FallbackFast);
+    FallbackFastType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+    FallbackFastType.tp_new = PyType_GenericNew;
+    FallbackFastType.tp_init = (initproc)FallbackFast_init;
+    FallbackFastType.tp_call = (ternaryfunc)FallbackFast_call;
+    FallbackFastType.tp_traverse = (traverseproc)FallbackFast_traverse;
+    FallbackFastType.tp_clear = (inquiry)FallbackFast_clear;
+    FallbackFastType.tp_dealloc = (destructor)FallbackFast_dealloc;
+    FallbackFastType.tp_doc = "FallbackFast(...): the native fallback's fast path, fast(tensor, stream) -> bool";
+    if (PyType_Ready(&FallbackFastType) < 0) return NULL;
+    /* calls.py tells a fallback's fast path by it */
+    if (PyDict_SetItemString(FallbackFastType.tp_dict, "fallback", Py_True) < 0) return NULL;
+    PyType_Modified(&FallbackFastType);
     s_fast = PyUnicode_InternFromString("_fast");
     s_untyped_storage = PyUnicode_InternFromString("untyped_storage");
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_device_index = PyUnicode_InternFromString("device_index");
-    if (!s_fast || !s_untyped_storage || !s_data_ptr || !s_device_index) return NULL;
+    s_installed = PyUnicode_InternFromString("_installed");
+    s_device = PyUnicode_InternFromString("device");
+    if (!s_fast || !s_untyped_storage || !s_data_ptr || !s_device_index || !s_installed || !s_device) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     Py_INCREF(&ShimFastType);
     if (PyModule_AddObject(module, "ShimFast", (PyObject *)&ShimFastType) < 0) {
         Py_DECREF(&ShimFastType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&FallbackFastType);
+    if (PyModule_AddObject(module, "FallbackFast", (PyObject *)&FallbackFastType) < 0) {
+        Py_DECREF(&FallbackFastType);
         Py_DECREF(module);
         return NULL;
     }

@@ -43,6 +43,8 @@ from ..shim.streams import device_stream
 from . import traced_entry, watchers
 from .native_fallback import FALLBACK
 
+# record_use's entry and fast paths in C (_entry.c), or None: the Python ones here
+_entry = native_parts.load("npu_lifetime.recording._entry")
 DEVICE_TYPES = ("cuda", "npu")
 _CPU = 0  # c10::DeviceType::CPU, how a simulated stream travels through the op
 _is_compiling = torch.compiler.is_compiling
@@ -448,8 +450,14 @@ def fallback_fast_path(table_fast: Callable, device_flag: str, current_stream: C
     not compiling, no dispatch mode, no shim installed since, the current
     stream for None (``current_stream(device)``); ``table_fast`` then checks
     a tensor of the device (``device_flag``), a typed stream of its device
-    and memory to keep, and records (one C call)."""
+    and memory to keep, and records (one C call).  The C one
+    (``_entry.FallbackFast``) where it is built, else the Python one."""
+    if _entry is not None:
+        return _entry.FallbackFast(table_fast, device_flag, current_stream, _dispatch_modes, shim_state)
+    return fallback_fast_path_reference(table_fast, device_flag, current_stream)
 
+
+def fallback_fast_path_reference(table_fast: Callable, device_flag: str, current_stream: Callable) -> Callable:
     def fast(tensor, stream) -> bool:
         if _is_dynamo_compiling() or _dispatch_modes() or shim_state._installed is not None:
             return False
@@ -485,9 +493,6 @@ def shim_route(route: _ShimRoute):
 
 
 # -- the entry: C where built ---------------------------------------------------------------------
-_entry = native_parts.load("npu_lifetime.recording._entry")
-
-
 def _record_use_polyfill(tensor, stream=None) -> None:
     """What dynamo traces in place of the C entry (it cannot trace C): the
     checked path, which under compilation emits the custom op."""
