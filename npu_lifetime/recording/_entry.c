@@ -26,8 +26,10 @@
  *   namespace: calls.py's globals, where "_fast" is the active fast path;
  *   reference: the pure-Python record_use every other call goes to.
  * record_use(tensor, stream=None)
- *   With a ShimFast active, its checks and the shim call inline; anything
- *   else (another fast path, a failed check, keywords) is the reference's.
+ *   With a ShimFast or FallbackFast active, its checks and its call inline,
+ *   and when a check fails the reference's checked path
+ *   (_record_use_checked, looked up in the namespace at the call); anything
+ *   else (another fast path, keywords, other arities) is the reference's.
  * tensor_method(type) -> a method descriptor of `type` calling record_use
  *   with the tensor as self (Tensor.record_use without a bound method or a
  *   frame per call).
@@ -67,7 +69,7 @@ typedef struct {
 static PyTypeObject ShimFastType, FallbackFastType;
 static PyObject *namespace_dict; /* calls.py's globals (owned), or NULL before configure */
 static PyObject *reference;      /* the pure-Python record_use (owned) */
-static PyObject *s_fast, *s_untyped_storage, *s_data_ptr, *s_device_index, *s_installed, *s_device;
+static PyObject *s_fast, *s_checked, *s_untyped_storage, *s_data_ptr, *s_device_index, *s_installed, *s_device;
 
 /* A Python int -> pointer-sized handle; the int is released.  -1 with an exception. */
 static int take_handle(PyObject *value, void **out) {
@@ -346,6 +348,17 @@ static PyObject *entry(PyObject *tensor, PyObject *stream, PyObject *const *args
             Py_DECREF(fast);
             if (done < 0) return NULL;
             if (done) Py_RETURN_NONE;
+            /* a check failed: the checked path, as the reference goes on (not the fast path again) */
+            PyObject *checked = PyDict_GetItemWithError(namespace_dict, s_checked); /* borrowed */
+            if (checked == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "record_use: no _record_use_checked");
+                return NULL;
+            }
+            PyObject *argv[2] = {tensor, stream};
+            PyObject *result = PyObject_Vectorcall(checked, argv, 2, NULL);
+            if (result == NULL) return NULL;
+            seam_release(result);
+            Py_RETURN_NONE;
         }
     }
     return PyObject_Vectorcall(reference, args, nargsf, kwnames);
@@ -439,12 +452,13 @@ PyMODINIT_FUNC PyInit__entry(void) {
     if (PyDict_SetItemString(FallbackFastType.tp_dict, "fallback", Py_True) < 0) return NULL;
     PyType_Modified(&FallbackFastType);
     s_fast = PyUnicode_InternFromString("_fast");
+    s_checked = PyUnicode_InternFromString("_record_use_checked");
     s_untyped_storage = PyUnicode_InternFromString("untyped_storage");
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_device_index = PyUnicode_InternFromString("device_index");
     s_installed = PyUnicode_InternFromString("_installed");
     s_device = PyUnicode_InternFromString("device");
-    if (!s_fast || !s_untyped_storage || !s_data_ptr || !s_device_index || !s_installed || !s_device) return NULL;
+    if (!s_fast || !s_checked || !s_untyped_storage || !s_data_ptr || !s_device_index || !s_installed || !s_device) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     Py_INCREF(&ShimFastType);
