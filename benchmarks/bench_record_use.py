@@ -2,6 +2,15 @@
 record_stream, measured in the same run (interleaved rounds, medians).
 
     python benchmarks/bench_record_use.py [--device auto|cuda|sim|fallback|npu] [--calls 20000] [--rounds 7]
+                                          [--json PATH]
+
+Last, a summary of the headline figures, each as a ratio to the raw event
+record of its own run, with issue 39's targets: the entry under the shim
+(npu_lifetime.record_use and Tensor.record_use) <= 1.2x, bare
+npl_record_use through ctypes (no target), the fallback <= 1.5x for one
+storage and <= 2x for a new storage each call.  ``--json`` writes every
+figure and the summary.  Each run times the event record twice
+("event_record, again"): a difference smaller than theirs is noise.
 
 cuda: one child process with the shim installed (the fast path; the goal is
 <= 2 us and <= 2x a raw torch.cuda.Event.record), one with the native
@@ -72,17 +81,44 @@ def cuda_shim(calls: int, rounds: int) -> dict:
         with torch.cuda.stream(side):
             event.record()
 
+    tensor_method, reference_call = entry_variants(x, side)
     out = per_call_us({
         "event_record": lambda: event.record(side),
         "record_use": lambda: npu_lifetime.record_use(x, side),
-        "recording.record_use": lambda: recording.record_use(x, side),
+        "Tensor.record_use": tensor_method,
+        "record_use (Python reference entry)": reference_call,
         "npl_record_use (ctypes only)": lambda: lib.npl_record_use(ptr, handle),
         "record_stream": lambda: x.record_stream(side),
+        "event_record, again": lambda: event.record(side),
         "record_use, current stream (in a stream context)": current_stream_call,
         "event_record, current stream (in a stream context)": event_in_stream_context,
     }, calls, rounds)
     torch.cuda.synchronize()
     return {"allocator": f"shim ({shim.policy()})", "us": out}
+
+
+def entry_variants(x, side) -> tuple:
+    """Tensor.record_use (installed here) and the pure-Python entry with its
+    Python fast path (swapped in around each call: two global stores), for
+    the route now active."""
+    from npu_lifetime import recording
+    from npu_lifetime.recording import calls as recording_calls
+
+    try:
+        recording.install_tensor_method()
+        tensor_method = lambda: x.record_use(side)  # noqa: E731
+    except recording.RecordUseError:  # torch has its own: not ours to time
+        tensor_method = lambda: None  # noqa: E731
+    c_fast = recording_calls._fast
+    route = next(r for r in recording_calls._routes.values() if r.fast is c_fast)
+    python_fast = route.make_fast_reference()
+
+    def reference_call():
+        recording_calls._fast = python_fast
+        recording_calls.record_use_reference(x, side)
+        recording_calls._fast = c_fast
+
+    return tensor_method, reference_call
 
 
 def native(device_type: str, calls: int, rounds: int) -> dict:
@@ -113,6 +149,7 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
         "record_use (fallback), one storage": lambda: npu_lifetime.record_use(x, side),
         "record_use (fallback), a new storage each call": new_storage,
         "record_stream": lambda: x.record_stream(side),
+        "event_record, again": lambda: event.record(side),
     }, calls, rounds)
     module.synchronize()
     fallback = FALLBACK.for_device(device_type)
@@ -253,6 +290,7 @@ def sim(calls: int, rounds: int) -> dict:
     lib, ptr, handle = shim.native.library(), x.data_ptr(), device.handle(side)
     with recording.shim_route(device.route):
         npu_lifetime.record_use(x, side)
+        tensor_method, reference_call = entry_variants(x, side)
 
         def current_stream_call():
             with simdevice.stream(side):
@@ -265,8 +303,10 @@ def sim(calls: int, rounds: int) -> dict:
         out = per_call_us({
             "simdevice event_record": lambda: event.record(side),
             "record_use": lambda: npu_lifetime.record_use(x, side),
-            "recording.record_use": lambda: recording.record_use(x, side),
+            "Tensor.record_use": tensor_method,
+            "record_use (Python reference entry)": reference_call,
             "npl_record_use (ctypes only)": lambda: lib.npl_record_use(ptr, handle),
+            "simdevice event_record, again": lambda: event.record(side),
             "record_use, current stream (in a stream context)": current_stream_call,
             "event_record, current stream (in a stream context)": event_in_stream_context,
         }, calls, rounds)
@@ -298,12 +338,49 @@ def npu_standin_child(calls: int, rounds: int) -> dict:
     return run_child("npu_native", calls, rounds, python=python, env=npu_helpers.npu_environment())
 
 
+# (row, its key in a result's "us", the target ratio to that run's event record or None)
+HEADLINES = [
+    ("record_use under the shim", "record_use", 1.2),
+    ("Tensor.record_use under the shim", "Tensor.record_use", 1.2),
+    ("bare npl_record_use (ctypes)", "npl_record_use (ctypes only)", None),
+    ("fallback, one storage", "record_use (fallback), one storage", 1.5),
+    ("fallback, a new storage each call", "record_use (fallback), a new storage each call", 2.0),
+]
+
+
+def summary(results: list) -> list:
+    """The headline rows found in ``results`` (the first result holding
+    each): name, us, ratio to that run's event record, target, met, and the
+    event record's own spread (its two timings)."""
+    rows = []
+    for name, key, target in HEADLINES:
+        result = next((r for r in results if key in r["us"]), None)
+        if result is None:
+            continue
+        us = result["us"]
+        records = [v for k, v in us.items() if "event_record" in k and "stream context" not in k]
+        ratio = us[key] / records[0]
+        rows.append({"name": name, "us": us[key], "event_record_us": records[0], "ratio": ratio, "target": target,
+                     "met": None if target is None else ratio <= target,
+                     "event_record_spread": max(records) / min(records) - 1, "allocator": result["allocator"]})
+    return rows
+
+
+def print_summary(rows: list) -> None:
+    print("\nsummary (ratio to the raw event record of the same run; spread: its two timings)")
+    for row in rows:
+        target = "" if row["target"] is None else f"target <= {row['target']}x: {'met' if row['met'] else 'NOT met'}"
+        print(f"  {row['name']:<36} {row['us']:8.3f} us  {row['ratio']:5.2f}x  "
+              f"(event record {row['event_record_us']:.3f} us, spread {row['event_record_spread']:.1%})  {target}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "sim", "fallback", "npu"])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--child", choices=sorted(CHILDREN))
+    parser.add_argument("--json", metavar="PATH", help="also write every figure and the summary to PATH")
     args = parser.parse_args()
     for name in ('calls', 'rounds'):  # each a count: 0 or less measures nothing
         if getattr(args, name) < 1:
@@ -340,6 +417,11 @@ def main() -> None:
             print(f"  {name:<52} {value:8.3f} us   {value / base:5.2f}x event record")
         if "fallback" in result:
             print(f"  fallback counts: {result['fallback']}")
+    rows = summary(results)
+    print_summary(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "calls": args.calls, "rounds": args.rounds,
+                                               "results": results, "summary": rows}, indent=2, default=str))
 
 
 if __name__ == "__main__":
