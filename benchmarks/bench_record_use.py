@@ -43,19 +43,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def per_call_us(fns: dict, calls: int, rounds: int) -> dict:
+def per_call_us(fns: dict, calls: int, rounds: int, clock=time.perf_counter) -> dict:
     """{name: median over rounds of the per-call time}, rounds interleaved
-    so that drift hits every function alike."""
+    so that drift hits every function alike.  ``clock``: wall time where a
+    device works behind the calls; the thread's CPU time
+    (time.thread_time) where nothing does, on a shared machine."""
     samples = {name: [] for name in fns}
     for fn in fns.values():
         for _ in range(min(calls, 1000)):
             fn()  # warm-up
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn()
-            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            samples[name].append((clock() - t0) / calls * 1e6)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -309,8 +311,69 @@ def sim(calls: int, rounds: int) -> dict:
             "simdevice event_record, again": lambda: event.record(side),
             "record_use, current stream (in a stream context)": current_stream_call,
             "event_record, current stream (in a stream context)": event_in_stream_context,
-        }, calls, rounds)
-    return {"allocator": f"shim on its simulated runtime ({shim.policy()})", "us": out}
+        }, calls, rounds, clock=time.thread_time)
+    return {"allocator": f"shim on its simulated runtime ({shim.policy()}; thread CPU time)", "us": out}
+
+
+NOOP_SOURCE = "int npl_noop(void *ptr, void *stream) { (void)ptr; (void)stream; return 0; }\n"
+
+
+def entry_own_cost(calls: int, rounds: int):
+    """The entries' own host cost: the C entry and the Python one, each with
+    a no-op (compiled here) in place of the shim's npl_record_use, against
+    a ctypes call of the same no-op.  The active fast path is swapped in
+    around each call for both alike (two global stores).  None without a C
+    compiler or without the C entry."""
+    import ctypes
+    import operator
+    import shutil
+    import tempfile
+
+    import torch
+
+    import npu_lifetime  # noqa: F401
+    from npu_lifetime import recording, simdevice
+    from npu_lifetime.recording import calls as recording_calls
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or recording_calls._entry is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="npl_noop"))
+    (folder / "noop.c").write_text(NOOP_SOURCE)
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", str(folder / "noop.c"), "-o", str(folder / "libnoop.so")],
+                   check=True)
+    noop = ctypes.CDLL(str(folder / "libnoop.so")).npl_noop
+    noop.argtypes, noop.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    # shaped as the cuda route is: the handle an attribute, the tensor's device from Tensor.get_device
+    route = recording_calls._ShimRoute(
+        "cpu", simdevice.Stream, handle=operator.attrgetter("handle"), current_handle=lambda t: 1,
+        device_flag="is_cpu", device_index=torch.Tensor.get_device, handle_attr="handle")
+    c_fast = recording_calls._entry.ShimFast(
+        ctypes.cast(noop, ctypes.c_void_p).value, simdevice.Stream, route.handle_attr, route.current_handle,
+        route.device_flag, route.device_index, recording_calls._shim_refused, recording_calls._dispatch_modes)
+    saved_native = recording_calls._npl_record_use
+    recording_calls._npl_record_use = lambda: noop
+    try:
+        python_fast = route.make_fast_reference()
+    finally:
+        recording_calls._npl_record_use = saved_native
+    x, side, previous = torch.ones(4), simdevice.Stream(), recording_calls._fast
+    side.device_index = x.get_device()  # a CPU tensor's: -1
+
+    def over(fast, entry):
+        def call():
+            recording_calls._fast = fast
+            entry(x, side)
+            recording_calls._fast = previous
+        return call
+
+    out = per_call_us({
+        "ctypes call of the no-op": lambda: noop(8, 16),
+        "C entry over the no-op": over(c_fast, recording_calls.record_use),
+        "Python entry over the no-op": over(python_fast, recording_calls.record_use_reference),
+        "ctypes call of the no-op, again": lambda: noop(8, 16),
+    }, calls, rounds, clock=time.thread_time)
+    return {"allocator": "none: the entries over a no-op in place of npl_record_use (their own cost; thread CPU time)", "us": out}
 
 
 CHILDREN = {"cuda_shim": cuda_shim, "cuda_native": cuda_native, "npu_native": npu_native}
@@ -366,10 +429,13 @@ def summary(results: list) -> list:
     return rows
 
 
-def print_summary(rows: list) -> None:
+def print_summary(rows: list, simulated: bool = False) -> None:
     print("\nsummary (ratio to the raw event record of the same run; spread: its two timings)")
+    if simulated:
+        print("  (simulated: the event record is simdevice's Python; the targets apply to a device's raw record)")
     for row in rows:
-        target = "" if row["target"] is None else f"target <= {row['target']}x: {'met' if row['met'] else 'NOT met'}"
+        target = "" if row["target"] is None or simulated else \
+            f"target <= {row['target']}x: {'met' if row['met'] else 'NOT met'}"
         print(f"  {row['name']:<36} {row['us']:8.3f} us  {row['ratio']:5.2f}x  "
               f"(event record {row['event_record_us']:.3f} us, spread {row['event_record_spread']:.1%})  {target}")
 
@@ -399,6 +465,8 @@ def main() -> None:
         parser.error("--device cuda needs a CUDA GPU and this machine has none; use --device sim")
     if device == "sim":
         results = [sim(args.calls, args.rounds)]
+        own = entry_own_cost(args.calls, args.rounds)
+        results += [own] if own else []
     elif device == "fallback":
         results = fallback_fake(args.calls, args.rounds)
     elif device == "npu":
@@ -412,13 +480,13 @@ def main() -> None:
     for result in results:
         print(f"\nallocator: {result['allocator']}")
         us = result["us"]
-        base = next(v for k, v in us.items() if "event_record" in k)
+        base_name, base = next(((k, v) for k, v in us.items() if "event_record" in k), next(iter(us.items())))
         for name, value in us.items():
-            print(f"  {name:<52} {value:8.3f} us   {value / base:5.2f}x event record")
+            print(f"  {name:<52} {value:8.3f} us   {value / base:5.2f}x {base_name}")
         if "fallback" in result:
             print(f"  fallback counts: {result['fallback']}")
     rows = summary(results)
-    print_summary(rows)
+    print_summary(rows, simulated=device == "sim")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "calls": args.calls, "rounds": args.rounds,
                                                "results": results, "summary": rows}, indent=2, default=str))
