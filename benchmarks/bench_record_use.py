@@ -236,11 +236,13 @@ def _fallback_fake_run(calls: int, rounds: int, runtime=None, run=None) -> dict:
     if runtime is not None:
         FakeAPI.runtime = staticmethod(runtime)
     fallback = NativeFallback(FakeAPI(), gate=CaptureGate())
-    side, event, x, y, z = Stream(2), Event(), torch.ones(4), torch.ones(4), torch.ones(4)
+    side, event, x, y, z, w = Stream(2), Event(), torch.ones(4), torch.ones(4), torch.ones(4), torch.ones(4)
     entry = recording_calls.fallback_fast_path(fallback.fast, "is_cpu", lambda device: None)
+    python_entry = recording_calls.fallback_fast_path_reference(fallback.fast, "is_cpu", lambda device: None)
     names = ["event_record (a Python no-op)", "NativeFallback.record, one storage",
              "NativeFallback.record, a new storage each call", "NativeFallback.fast, one storage",
-             "npu_lifetime.record_use over it, one storage"]
+             "npu_lifetime.record_use over it, one storage",
+             "the Python reference entry over it, one storage"]
     samples = {name: [] for name in names}
     saved_fast = recording_calls._fast
     recording_calls._fast = entry  # record_use's fast path, as _fallback_fast makes it for cuda
@@ -262,6 +264,11 @@ def _fallback_fake_run(calls: int, rounds: int, runtime=None, run=None) -> dict:
             times.append(time.thread_time())
             for _ in range(calls):
                 npu_lifetime.record_use(z, side)
+            times.append(time.thread_time())
+            recording_calls._fast = python_entry
+            for _ in range(calls):
+                recording_calls.record_use_reference(w, side)
+            recording_calls._fast = entry
             times.append(time.thread_time())
             for name, t0, t1 in zip(samples, times, times[1:]):
                 samples[name].append((t1 - t0) / calls * 1e6)
