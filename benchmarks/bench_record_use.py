@@ -23,11 +23,15 @@ the Python overhead only, there is no device call behind it.  fallback:
 NativeFallback.record itself over a fake device API whose event record and
 query are no-ops (its reaper thread running): the fallback's own Python
 overhead, what a CPU machine can measure of the GPU cost (which adds the
-event record and the fast path's checks).  npu: the whole record_use call
-through the fallback under the real torch_npu over the stand-in CANN
-runtime (tests/npu_standin; CPU-only), one storage, a new storage each call
-and a raw event record in one run: the closest a CPU machine gets to the
-cuda figures.
+event record and the fast path's checks).  npu: the real torch_npu over
+the stand-in CANN runtime (tests/npu_standin; CPU-only), one child with the
+shim through the NPU bridge (the entry, Tensor.record_use, bare
+npl_record_use) and one with torch_npu's allocator (the fallback, one
+storage and a new storage each call), each beside torch.npu.Event.record:
+the host side of torch_npu's Python and C++ with a CPU runtime behind it.
+What the stand-in cannot tell: the cost of aclrtRecordEvent on an NPU and
+of torch_npu's task queue handing it to the device, which the ratios'
+denominator holds on hardware.
 """
 from __future__ import annotations
 
@@ -62,25 +66,44 @@ def per_call_us(fns: dict, calls: int, rounds: int, clock=time.perf_counter) -> 
 
 
 def cuda_shim(calls: int, rounds: int) -> dict:
+    return device_shim("cuda", calls, rounds)
+
+
+def npu_shim(calls: int, rounds: int) -> dict:
+    """The shim through the NPU bridge, on torch_npu over the stand-in CANN
+    runtime: host costs, with a CPU runtime behind the event record."""
+    return device_shim("npu", calls, rounds)
+
+
+def device_shim(device_type: str, calls: int, rounds: int) -> dict:
     import npu_lifetime
 
-    npu_lifetime.install("cuda")  # the default policy
+    npu_lifetime.install(device_type)  # the default policy
     import torch
 
     from npu_lifetime import recording, shim
 
-    side = torch.cuda.Stream()
-    x = torch.ones(1024, device="cuda")
-    event = torch.cuda.Event()
+    if device_type == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+        from npu_lifetime.shim import npu_queue
+
+        stream_handle = npu_queue.stream_handle
+    else:
+        def stream_handle(stream):
+            return stream.cuda_stream
+    module = getattr(torch, device_type)
+    side = module.Stream()
+    x = torch.ones(1024, device=device_type)
+    event = module.Event()
     npu_lifetime.record_use(x, side)  # enables the fast path
-    lib, ptr, handle = shim.native.library(), x.data_ptr(), side.cuda_stream
+    lib, ptr, handle = shim.native.library(), x.data_ptr(), stream_handle(side)
 
     def current_stream_call():
-        with torch.cuda.stream(side):
+        with module.stream(side):
             npu_lifetime.record_use(x)
 
     def event_in_stream_context():
-        with torch.cuda.stream(side):
+        with module.stream(side):
             event.record()
 
     tensor_method, reference_call = entry_variants(x, side)
@@ -95,8 +118,8 @@ def cuda_shim(calls: int, rounds: int) -> dict:
         "record_use, current stream (in a stream context)": current_stream_call,
         "event_record, current stream (in a stream context)": event_in_stream_context,
     }, calls, rounds)
-    torch.cuda.synchronize()
-    return {"allocator": f"shim ({shim.policy()})", "us": out}
+    module.synchronize()
+    return {"allocator": f"{device_type}: shim ({shim.policy()})", "us": out}
 
 
 def entry_variants(x, side) -> tuple:
@@ -383,7 +406,7 @@ def entry_own_cost(calls: int, rounds: int):
     return {"allocator": "none: the entries over a no-op in place of npl_record_use (their own cost; thread CPU time)", "us": out}
 
 
-CHILDREN = {"cuda_shim": cuda_shim, "cuda_native": cuda_native, "npu_native": npu_native}
+CHILDREN = {"cuda_shim": cuda_shim, "cuda_native": cuda_native, "npu_shim": npu_shim, "npu_native": npu_native}
 
 
 def run_child(child: str, calls: int, rounds: int, python: str = sys.executable, env: dict = None) -> dict:
@@ -396,16 +419,18 @@ def run_child(child: str, calls: int, rounds: int, python: str = sys.executable,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def npu_standin_child(calls: int, rounds: int) -> dict:
-    """npu_native in the torch_npu interpreter over the stand-in CANN runtime
-    (tests/npu_helpers.py finds both, building the stand-in once)."""
+def npu_standin_children(calls: int, rounds: int) -> list:
+    """npu_shim and npu_native in the torch_npu interpreter over the stand-in
+    CANN runtime (tests/npu_helpers.py finds both, building the stand-in
+    once)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import npu_helpers
 
     python = npu_helpers.npu_python()
     if python is None:
         raise SystemExit("--device npu needs the torch_npu interpreter (.venv-npu or NPU_LIFETIME_NPU_PYTHON)")
-    return run_child("npu_native", calls, rounds, python=python, env=npu_helpers.npu_environment())
+    return [run_child(child, calls, rounds, python=python, env=npu_helpers.npu_environment())
+            for child in ("npu_shim", "npu_native")]
 
 
 # (row, its key in a result's "us", the target ratio to that run's event record or None)
@@ -477,7 +502,7 @@ def main() -> None:
     elif device == "fallback":
         results = fallback_fake(args.calls, args.rounds)
     elif device == "npu":
-        results = [npu_standin_child(args.calls, args.rounds)]
+        results = npu_standin_children(args.calls, args.rounds)
     else:
         results = [run_child(child, args.calls, args.rounds) for child in ("cuda_shim", "cuda_native")]
         # the fallback again with torch's events (the table's CudaRuntime off): both in one run

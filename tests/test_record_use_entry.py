@@ -246,3 +246,34 @@ def test_tensor_record_use_is_the_c_method_and_agrees(dev):
     finally:
         recording.uninstall_tensor_method()
     assert not hasattr(torch.Tensor, "record_use")
+
+
+def device_type_route(dev):
+    """The sim route with the C path's device check as tensor.device.type
+    (what the npu route uses: torch_npu's is_npu is a Python property)."""
+    return calls._ShimRoute("cpu", sd.Stream, handle=dev.handle, current_handle=lambda t: dev.handle(sd.current_stream()),
+                            device_flag="is_cpu", device_index=lambda t: sd.DEVICE_INDEX, native_device_type="cpu")
+
+
+@pytest.mark.parametrize("stream_kind", STREAMS)
+@pytest.mark.parametrize("tensor_kind", TENSORS)
+def test_the_device_type_check_answers_as_the_flag_does(dev, tensor_kind, stream_kind):
+    def fast_of(native, dev):
+        route = device_type_route(dev)
+        return route.fast if native else route.make_fast_reference()
+
+    native, reference = run_both(dev, TENSORS[tensor_kind], STREAMS[stream_kind], fast_of)
+    assert native == reference
+
+
+def test_the_device_type_check_refuses_a_meta_tensor(dev):
+    fast = device_type_route(dev).fast
+    assert fast(torch.empty(4, device="meta"), sd.Stream()) is False
+
+
+@pytest.mark.parametrize("bad", [dict(device_type=3), dict(stream_handle=0), dict(stream_handle="f")])
+def test_bad_native_options_are_refused_at_construction(bad):
+    arguments = dict(npl_record_use=1, stream_type=sd.Stream, handle="handle", current_handle=len,
+                     device_flag="is_cpu", device_index=len, refused=RuntimeError, dispatch_modes=int)
+    with pytest.raises((TypeError, ValueError)):
+        calls._entry.ShimFast(**arguments, **bad)

@@ -14,6 +14,11 @@
  *   the tensor attribute True on the route's device ("is_cuda");
  *   dispatch_modes(): how many dispatch modes this thread has (the call
  *   steps aside under any: a sanitizer or a tracer must see the op).
+ *   Keyword-only, for a device whose flag and handle are Python (torch_npu's
+ *   is_npu property, the NPU bridge's handle through ctypes): device_type,
+ *   checked as tensor.device.type instead of the flag; stream_handle, the
+ *   address of a C function (stream_id, device_index, device_type) ->
+ *   handle called instead of `handle` (a null handle: the checked path).
  *
  * FallbackFast(table_fast, device_flag, current_stream, dispatch_modes, shim_state)
  *   The fast path to the native fallback's table (calls.fallback_fast_path
@@ -44,6 +49,7 @@
 #include <stdint.h>
 
 typedef int (*npl_record_use_fn)(void *ptr, void *stream);
+typedef void *(*stream_handle_fn)(int64_t stream_id, int device_index, int device_type);
 
 typedef struct {
     PyObject_HEAD
@@ -55,6 +61,8 @@ typedef struct {
     PyObject *device_index;
     PyObject *refused;
     PyObject *dispatch_modes;
+    PyObject *device_type;          /* str or NULL: tensor.device.type must be it (instead of device_flag) */
+    stream_handle_fn stream_handle; /* or NULL: handle(stream_id, device_index, device_type) instead of `handle` */
 } ShimFast;
 
 typedef struct {
@@ -69,7 +77,8 @@ typedef struct {
 static PyTypeObject ShimFastType, FallbackFastType;
 static PyObject *namespace_dict; /* calls.py's globals (owned), or NULL before configure */
 static PyObject *reference;      /* the pure-Python record_use (owned) */
-static PyObject *s_fast, *s_checked, *s_untyped_storage, *s_data_ptr, *s_device_index, *s_installed, *s_device;
+static PyObject *s_fast, *s_checked, *s_untyped_storage, *s_data_ptr, *s_device_index, *s_installed, *s_device,
+    *s_type, *s_stream_id, *s_device_type;
 
 /* A Python int -> pointer-sized handle; the int is released.  -1 with an exception. */
 static int take_handle(PyObject *value, void **out) {
@@ -118,6 +127,13 @@ static int stream_handle(ShimFast *self, PyObject *tensor, PyObject *stream, voi
     got = take_long(PyObject_CallOneArg(self->device_index, tensor), &tensor_device);
     if (got <= 0) return got;
     if (stream_device != tensor_device) return 0;
+    if (self->stream_handle != NULL) {
+        long stream_id, device_type;
+        if ((got = take_long(PyObject_GetAttr(stream, s_stream_id), &stream_id)) <= 0) return got;
+        if ((got = take_long(PyObject_GetAttr(stream, s_device_type), &device_type)) <= 0) return got;
+        *handle = self->stream_handle((int64_t)stream_id, (int)stream_device, (int)device_type);
+        return *handle != NULL;
+    }
     PyObject *raw = PyUnicode_Check(self->handle) ? PyObject_GetAttr(stream, self->handle)
                                                   : PyObject_CallOneArg(self->handle, stream);
     return take_handle(raw, handle);
@@ -133,16 +149,30 @@ static int storage_address(PyObject *tensor, void **ptr) {
     return got <= 0 ? got : (*ptr != NULL);
 }
 
+/* Whether the tensor is on the route's device type: 1, 0, -1 exception. */
+static int on_route_device(ShimFast *self, PyObject *tensor) {
+    if (self->device_type == NULL) {
+        PyObject *on_device = PyObject_GetAttr(tensor, self->device_flag);
+        if (on_device == NULL) return checks_failed();
+        seam_release(on_device); /* True/False: never the last reference */
+        return on_device == Py_True;
+    }
+    PyObject *device = PyObject_GetAttr(tensor, s_device);
+    PyObject *type = device == NULL ? NULL : PyObject_GetAttr(device, s_type);
+    seam_release(device);
+    if (type == NULL) return checks_failed();
+    int same = PyUnicode_Check(type) ? PyUnicode_Compare(type, self->device_type) == 0 : 0;
+    seam_release(type);
+    return same;
+}
+
 /* The fast path: 1 recorded, 0 a check failed (nothing done), -1 exception. */
 static int shim_fast(ShimFast *self, PyObject *tensor, PyObject *stream) {
     long modes;
     int got = take_long(PyObject_CallNoArgs(self->dispatch_modes), &modes);
     if (got < 0) return checks_failed();
     if (got == 0 || modes != 0) return 0;
-    PyObject *on_device = PyObject_GetAttr(tensor, self->device_flag);
-    if (on_device == NULL) return checks_failed();
-    seam_release(on_device); /* True/False: never the last reference */
-    if (on_device != Py_True) return 0;
+    if ((got = on_route_device(self, tensor)) <= 0) return got;
     void *handle = NULL, *ptr = NULL;
     got = stream_handle(self, tensor, stream, &handle);
     if (got == 0) return 0;
@@ -170,11 +200,25 @@ static PyObject *ShimFast_call(ShimFast *self, PyObject *args, PyObject *kwargs)
 
 static int ShimFast_init(ShimFast *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"npl_record_use", "stream_type", "handle", "current_handle", "device_flag",
-                            "device_index", "refused", "dispatch_modes", NULL};
+                            "device_index", "refused", "dispatch_modes", "device_type", "stream_handle", NULL};
     PyObject *address, *stream_type, *handle, *current_handle, *device_flag, *device_index, *refused, *modes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOUOOO:ShimFast", names, &address, &stream_type, &handle,
-                                     &current_handle, &device_flag, &device_index, &refused, &modes))
+    PyObject *device_type = Py_None, *stream_handle_address = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOUOOO|$OO:ShimFast", names, &address, &stream_type, &handle,
+                                     &current_handle, &device_flag, &device_index, &refused, &modes, &device_type,
+                                     &stream_handle_address))
         return -1;
+    if (device_type != Py_None && !PyUnicode_Check(device_type)) {
+        PyErr_SetString(PyExc_TypeError, "ShimFast: device_type must be a str or None");
+        return -1;
+    }
+    void *handle_fn = NULL;
+    if (stream_handle_address != Py_None) {
+        handle_fn = PyLong_AsVoidPtr(stream_handle_address);
+        if (handle_fn == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ShimFast: stream_handle's address is 0");
+            return -1;
+        }
+    }
     void *fn = PyLong_AsVoidPtr(address);
     if (fn == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ShimFast: npl_record_use's address is 0");
@@ -197,6 +241,13 @@ static int ShimFast_init(ShimFast *self, PyObject *args, PyObject *kwargs) {
         }
     }
     self->npl_record_use = (npl_record_use_fn)(uintptr_t)fn;
+    self->stream_handle = (stream_handle_fn)(uintptr_t)handle_fn;
+    if (device_type == Py_None) {
+        Py_CLEAR(self->device_type);
+    } else {
+        Py_INCREF(device_type);
+        Py_XSETREF(self->device_type, device_type);
+    }
     PyObject **slots[] = {&self->stream_type, &self->handle, &self->current_handle, &self->device_flag,
                           &self->device_index, &self->refused, &self->dispatch_modes};
     PyObject *values[] = {stream_type, handle, current_handle, device_flag, device_index, refused, modes};
@@ -215,6 +266,7 @@ static int ShimFast_traverse(ShimFast *self, visitproc visit, void *arg) {
     Py_VISIT(self->device_index);
     Py_VISIT(self->refused);
     Py_VISIT(self->dispatch_modes);
+    Py_VISIT(self->device_type);
     return 0;
 }
 
@@ -226,6 +278,7 @@ static int ShimFast_clear(ShimFast *self) {
     Py_CLEAR(self->device_index);
     Py_CLEAR(self->refused);
     Py_CLEAR(self->dispatch_modes);
+    Py_CLEAR(self->device_type);
     return 0;
 }
 
@@ -458,7 +511,12 @@ PyMODINIT_FUNC PyInit__entry(void) {
     s_device_index = PyUnicode_InternFromString("device_index");
     s_installed = PyUnicode_InternFromString("_installed");
     s_device = PyUnicode_InternFromString("device");
-    if (!s_fast || !s_checked || !s_untyped_storage || !s_data_ptr || !s_device_index || !s_installed || !s_device) return NULL;
+    s_type = PyUnicode_InternFromString("type");
+    s_stream_id = PyUnicode_InternFromString("stream_id");
+    s_device_type = PyUnicode_InternFromString("device_type");
+    if (!s_fast || !s_checked || !s_untyped_storage || !s_data_ptr || !s_device_index || !s_installed || !s_device || !s_type ||
+        !s_stream_id || !s_device_type)
+        return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     Py_INCREF(&ShimFastType);

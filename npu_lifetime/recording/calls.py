@@ -298,11 +298,15 @@ class _ShimRoute:
     every check the common case does not need."""
 
     def __init__(self, device_type: str, stream_type: type, handle: Callable, current_handle: Callable,
-                 device_flag: str, device_index: Callable, handle_attr: Optional[str] = None) -> None:
+                 device_flag: str, device_index: Callable, handle_attr: Optional[str] = None,
+                 native_device_type: Optional[str] = None, native_handle: Optional[int] = None) -> None:
         self.device_type = device_type
         self.stream_type = stream_type
         self.handle = handle  # typed stream -> raw handle
         self.handle_attr = handle_attr  # the attribute ``handle`` reads, if it reads one (the C path reads it itself)
+        # for the C path where the flag or the handle is Python (torch_npu): the device type it
+        # compares tensor.device.type with, and the address of a C (stream_id, device_index, device_type) -> handle
+        self.native_device_type, self.native_handle = native_device_type, native_handle
         self.current_handle = current_handle  # tensor -> raw handle of its device's current stream
         self.device_flag = device_flag  # the tensor property that is True on this device ("is_cuda", ...)
         self.device_index = device_index  # tensor -> the device index its streams carry
@@ -321,7 +325,7 @@ class _ShimRoute:
         return _entry.ShimFast(
             ctypes.cast(_npl_record_use(), ctypes.c_void_p).value, self.stream_type,
             self.handle_attr or self.handle, self.current_handle, self.device_flag, self.device_index,
-            _shim_refused, _dispatch_modes,
+            _shim_refused, _dispatch_modes, device_type=self.native_device_type, stream_handle=self.native_handle,
         )
 
     def make_fast_reference(self) -> Callable:
@@ -385,10 +389,13 @@ def _npu_route() -> _ShimRoute:
 
     from ..shim import npu_queue
 
+    bridge = npu_queue._bridge  # the NPU bridge's handle call, for the C path (a Python frame and ctypes here)
     return _ShimRoute(
         "npu", torch_npu.npu.Stream, handle=npu_queue.stream_handle,
         current_handle=lambda t: npu_queue.stream_handle(torch.npu.current_stream(t.device)),
-        device_flag="is_npu", device_index=torch.Tensor.get_device,  # is_npu: torch_npu's tensor property
+        device_flag="is_npu", device_index=torch.Tensor.get_device,  # is_npu: torch_npu's tensor property (Python)
+        native_device_type="npu",
+        native_handle=None if bridge is None else ctypes.cast(bridge.npl_npu_stream_handle, ctypes.c_void_p).value,
     )
 
 
