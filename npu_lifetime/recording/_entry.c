@@ -178,7 +178,12 @@ static int shim_fast(ShimFast *self, PyObject *tensor, PyObject *stream) {
     if (got == 0) return 0;
     if (got < 0 || (got = storage_address(tensor, &ptr)) < 0) return checks_failed();
     if (got == 0) return 0;
-    if (self->npl_record_use(ptr, handle) == 0) return 1;
+    int status;
+    /* without the GIL, as ctypes and torch's event record call: the shim's lock is never held
+     * while waiting for the GIL here (a thread inside the shim may need it) */
+    Py_BEGIN_ALLOW_THREADS status = self->npl_record_use(ptr, handle);
+    Py_END_ALLOW_THREADS
+    if (status == 0) return 1;
     PyObject *address = PyLong_FromVoidPtr(ptr);
     if (address == NULL) return -1;
     PyObject *error = PyObject_CallFunctionObjArgs(self->refused, tensor, address, NULL);
