@@ -35,9 +35,6 @@
  *   and when a check fails the reference's checked path
  *   (_record_use_checked, looked up in the namespace at the call); anything
  *   else (another fast path, keywords, other arities) is the reference's.
- * tensor_method(type) -> a method descriptor of `type` calling record_use
- *   with the tensor as self (Tensor.record_use without a bound method or a
- *   frame per call).
  *
  * A Python exception from any callable propagates (NULL); every reference
  * taken is released on every path, through seam_release (a storage's
@@ -428,37 +425,6 @@ static PyObject *record_use(PyObject *module, PyObject *const *args, Py_ssize_t 
     return entry(plain ? args[0] : NULL, plain && nargs == 2 ? args[1] : Py_None, args, (size_t)nargs, kwnames);
 }
 
-/* Tensor.record_use(self, stream=None): args[0] is the tensor. */
-static PyObject *tensor_record_use(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (kwnames != NULL || nargs > 1) { /* the reference says what is wrong, or takes the keyword */
-        PyObject *stack[8];
-        if (nargs + 1 + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 8) {
-            PyErr_SetString(PyExc_TypeError, "Tensor.record_use(stream=None): too many arguments");
-            return NULL;
-        }
-        Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-        stack[0] = self;
-        for (Py_ssize_t i = 0; i < total; i++) stack[i + 1] = args[i];
-        return entry(NULL, NULL, stack, (size_t)(nargs + 1), kwnames);
-    }
-    PyObject *stack[2] = {self, nargs == 1 ? args[0] : Py_None};
-    return entry(self, stack[1], stack, 2, NULL);
-}
-
-static PyMethodDef tensor_method_def = {
-    "record_use", (PyCFunction)(void (*)(void))tensor_record_use, METH_FASTCALL | METH_KEYWORDS,
-    "record_use(stream=None)\n--\n\nKeeps this tensor's memory from reuse until the work queued on stream "
-    "(default: the current stream) so far has finished (npu_lifetime.record_use)."};
-
-static PyObject *tensor_method(PyObject *module, PyObject *type) {
-    (void)module;
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "tensor_method(type)");
-        return NULL;
-    }
-    return PyDescr_NewMethod((PyTypeObject *)type, &tensor_method_def);
-}
-
 static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 2 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])) {
@@ -477,7 +443,6 @@ static PyMethodDef module_methods[] = {
      "record_use(tensor, stream=None)\n--\n\nKeeps tensor's memory from being reused until the work queued on "
      "stream (default: the current stream) so far has finished."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "configure(namespace, reference)"},
-    {"tensor_method", tensor_method, METH_O, "tensor_method(type): Tensor.record_use as a method descriptor"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_entry", NULL, -1, module_methods,

@@ -515,15 +515,15 @@ else:
 
 
 # -- Tensor.record_use (opt-in) -------------------------------------------------------------------
-def _tensor_record_use_reference(self: torch.Tensor, stream=None) -> None:
+# A Python function (one frame over the C entry): dynamo traces it and then
+# the entry's polyfill.  A method descriptor of torch.Tensor would save the
+# frame, but dynamo takes a Tensor method for one of torch's and cannot
+# trace it (test_record_use_entry.py).
+def _tensor_record_use(self: torch.Tensor, stream=None) -> None:
     """Keeps this tensor's memory from reuse until the work queued on
     ``stream`` (default: the current stream) so far has finished
     (npu_lifetime.record_use)."""
     record_use(self, stream)
-
-
-# the C entry as a method descriptor of torch.Tensor: no bound method, no frame per call
-_tensor_record_use = _tensor_record_use_reference if _entry is None else _entry.tensor_method(torch.Tensor)
 
 
 def install_tensor_method() -> None:
