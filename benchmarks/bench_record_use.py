@@ -12,10 +12,10 @@ storage and <= 2x for a new storage each call.  ``--json`` writes every
 figure and the summary.  Each run times the event record twice
 ("event_record, again"): a difference smaller than theirs is noise.
 
-cuda: one child process with the shim installed (the fast path; the goal is
-<= 2 us and <= 2x a raw torch.cuda.Event.record), one with the native
-caching allocator (the fallback; the goal is <= 3 us per call, for one
-storage re-recorded and for a new storage each call), and the fallback once
+cuda: one child process with the shim installed (the C entry, Tensor.record_use,
+the Python reference entry, bare npl_record_use), one with the native
+caching allocator (the fallback, for one storage re-recorded and for a new
+storage each call), and the fallback once
 more with torch's events instead of raw CUDA events
 (NPU_LIFETIME_TORCH_EVENTS=1), for comparison.  sim: the same fast
 path on CPU tensors over the shim's simulated runtime, simdevice streams:
