@@ -79,6 +79,9 @@ OPTIONAL_EXTENSIONS = [
               depends=["npu_lifetime/recording/cuda_runtime.h"], libraries=["dl"],
               language="c++",
               extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror"]),
+    # record_use's Python entry for the shim's route (npu_lifetime/recording/calls.py keeps the reference)
+    Extension("npu_lifetime.recording._entry", sources=["npu_lifetime/recording/_entry.c"],
+              extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the lifetime model in C++ (npu_lifetime/lifetime/model.py stays the reference)
     Extension("npu_lifetime.lifetime._native_model", sources=["npu_lifetime/lifetime/native_model.cpp"],
               language="c++",

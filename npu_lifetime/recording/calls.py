@@ -28,20 +28,23 @@ Where a call goes, cheapest first:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import operator
 from typing import Callable, Optional
 
 import torch
 
-from .. import simdevice, storage_holders
+from .. import native_parts, simdevice, storage_holders
 from ..shim import api as shim_api
 from ..shim import state as shim_state
 from ..shim.install import stream_handle
 from ..shim.state import installed
 from ..shim.streams import device_stream
-from . import watchers
+from . import traced_entry, watchers
 from .torch_allocator_fallback import FALLBACK
 
+# record_use's entry and fast paths in C (_entry.c), or None: the Python ones here
+_entry = native_parts.load("npu_lifetime.recording._entry")
 DEVICE_TYPES = ("cuda", "npu")
 _CPU = 0  # c10::DeviceType::CPU, how a simulated stream travels through the op
 _is_compiling = torch.compiler.is_compiling
@@ -57,9 +60,12 @@ class RecordUseError(ValueError):
 
 
 # -- public calls -----------------------------------------------------------------------
-def record_use(tensor: torch.Tensor, stream=None) -> None:
+def record_use_reference(tensor: torch.Tensor, stream=None) -> None:
     """Keeps ``tensor``'s memory from being reused until the work queued on
-    ``stream`` (default: the current stream) so far has finished."""
+    ``stream`` (default: the current stream) so far has finished.  The
+    pure-Python entry: ``record_use`` is the C one (``_entry.c``) where it
+    is built, this otherwise; every call the C entry does not finish itself
+    comes here."""
     fast = _fast
     if fast is not None and fast(tensor, stream):
         return
@@ -292,10 +298,15 @@ class _ShimRoute:
     every check the common case does not need."""
 
     def __init__(self, device_type: str, stream_type: type, handle: Callable, current_handle: Callable,
-                 device_flag: str, device_index: Callable) -> None:
+                 device_flag: str, device_index: Callable, handle_attr: Optional[str] = None,
+                 native_device_type: Optional[str] = None, native_handle: Optional[int] = None) -> None:
         self.device_type = device_type
         self.stream_type = stream_type
         self.handle = handle  # typed stream -> raw handle
+        self.handle_attr = handle_attr  # the attribute ``handle`` reads, if it reads one (the C path reads it itself)
+        # for the C path where the flag or the handle is Python (torch_npu): the device type it
+        # compares tensor.device.type with, and the address of a C (stream_id, device_index, device_type) -> handle
+        self.native_device_type, self.native_handle = native_device_type, native_handle
         self.current_handle = current_handle  # tensor -> raw handle of its device's current stream
         self.device_flag = device_flag  # the tensor property that is True on this device ("is_cuda", ...)
         self.device_index = device_index  # tensor -> the device index its streams carry
@@ -307,6 +318,17 @@ class _ShimRoute:
             raise _shim_refused(tensor, ptr)
 
     def _make_fast(self) -> Callable:
+        """The C fast path (``_entry.ShimFast``) where it is built, else
+        the Python one; the two do the same."""
+        if _entry is None:
+            return self.make_fast_reference()
+        return _entry.ShimFast(
+            ctypes.cast(_npl_record_use(), ctypes.c_void_p).value, self.stream_type,
+            self.handle_attr or self.handle, self.current_handle, self.device_flag, self.device_index,
+            _shim_refused, _dispatch_modes, device_type=self.native_device_type, stream_handle=self.native_handle,
+        )
+
+    def make_fast_reference(self) -> Callable:
         npl_record_use = _npl_record_use()
         stream_type, handle_of, current_handle = self.stream_type, self.handle, self.current_handle
         device_flag, device_index = self.device_flag, self.device_index
@@ -353,7 +375,7 @@ def _shim_refused(tensor: torch.Tensor, ptr: int, call: str = "record_use") -> R
 
 def _cuda_route() -> _ShimRoute:
     return _ShimRoute(
-        "cuda", torch.cuda.Stream, handle=operator.attrgetter("cuda_stream"),
+        "cuda", torch.cuda.Stream, handle=operator.attrgetter("cuda_stream"), handle_attr="cuda_stream",
         current_handle=lambda t, raw=torch._C._cuda_getCurrentRawStream: raw(t.get_device()),
         device_flag="is_cuda", device_index=torch.Tensor.get_device,
     )
@@ -367,10 +389,13 @@ def _npu_route() -> _ShimRoute:
 
     from ..shim import npu_queue
 
+    bridge = npu_queue._bridge  # the NPU bridge's handle call, for the C path (a Python frame and ctypes here)
     return _ShimRoute(
         "npu", torch_npu.npu.Stream, handle=npu_queue.stream_handle,
         current_handle=lambda t: npu_queue.stream_handle(torch.npu.current_stream(t.device)),
-        device_flag="is_npu", device_index=torch.Tensor.get_device,  # is_npu: torch_npu's tensor property
+        device_flag="is_npu", device_index=torch.Tensor.get_device,  # is_npu: torch_npu's tensor property (Python)
+        native_device_type="npu",
+        native_handle=None if bridge is None else ctypes.cast(bridge.npl_npu_stream_handle, ctypes.c_void_p).value,
     )
 
 
@@ -432,8 +457,14 @@ def fallback_fast_path(table_fast: Callable, device_flag: str, current_stream: C
     not compiling, no dispatch mode, no shim installed since, the current
     stream for None (``current_stream(device)``); ``table_fast`` then checks
     a tensor of the device (``device_flag``), a typed stream of its device
-    and memory to keep, and records (one C call)."""
+    and memory to keep, and records (one C call).  The C one
+    (``_entry.FallbackFast``) where it is built, else the Python one."""
+    if _entry is not None:
+        return _entry.FallbackFast(table_fast, device_flag, current_stream, _dispatch_modes, shim_state)
+    return fallback_fast_path_reference(table_fast, device_flag, current_stream)
 
+
+def fallback_fast_path_reference(table_fast: Callable, device_flag: str, current_stream: Callable) -> Callable:
     def fast(tensor, stream) -> bool:
         if _is_dynamo_compiling() or _dispatch_modes() or shim_state._installed is not None:
             return False
@@ -468,7 +499,26 @@ def shim_route(route: _ShimRoute):
             _routes[route.device_type] = previous_route
 
 
+# -- the entry: C where built ---------------------------------------------------------------------
+def _record_use_polyfill(tensor, stream=None) -> None:
+    """What dynamo traces in place of the C entry (it cannot trace C): the
+    checked path, which under compilation emits the custom op."""
+    _record_use_checked(tensor, stream)
+
+
+if _entry is not None:
+    _entry.configure(globals(), record_use_reference)
+    record_use = _entry.record_use
+    traced_entry.substitute_when_traced(record_use, _record_use_polyfill)
+else:
+    record_use = record_use_reference
+
+
 # -- Tensor.record_use (opt-in) -------------------------------------------------------------------
+# A Python function (one frame over the C entry): dynamo traces it and then
+# the entry's polyfill.  A method descriptor of torch.Tensor would save the
+# frame, but dynamo takes a Tensor method for one of torch's and cannot
+# trace it (test_record_use_entry.py).
 def _tensor_record_use(self: torch.Tensor, stream=None) -> None:
     """Keeps this tensor's memory from reuse until the work queued on
     ``stream`` (default: the current stream) so far has finished
