@@ -14,7 +14,7 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, LifetimeWarning, dispatch, native
 from npu_lifetime.sanitizer.hub import on_thread
 
-if native.dispatch is None or native.scan is None or native.frames is None or native.feed is None:
+if native.dispatch is None or native.scan is None or native.frames is None or native.op_feed is None:
     pytest.skip("the sanitizer's native parts are off or not built", allow_module_level=True)
 
 from test_native_parity import STEPS, run_program  # noqa: E402

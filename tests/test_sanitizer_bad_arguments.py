@@ -12,6 +12,8 @@ import torch
 from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 def sanitizer():
     return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)

@@ -27,6 +27,8 @@ DROPPED = """
 import torch
 from npu_lifetime import simdevice as sd
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 def step():
     side = sd.Stream()
     with sd.stream(side):

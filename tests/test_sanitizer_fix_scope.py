@@ -6,10 +6,13 @@ Out of scope, a fix says ``<buf>`` / ``<s>`` and a note defines each."""
 import gc
 import re
 
+import pytest
 import torch
 
 from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, naming
+
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
 
 def make():

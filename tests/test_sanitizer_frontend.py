@@ -16,6 +16,8 @@ from npu_lifetime.lifetime import DataRace, UncoveredFree
 from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, LifetimeWarning
 from npu_lifetime.sanitizer.accesses import op_accesses, plan, written_storages
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 aten = torch.ops.aten
 
 

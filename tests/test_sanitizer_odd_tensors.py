@@ -13,6 +13,8 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime import storage_holders
 from npu_lifetime.sanitizer import LifetimeSanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 def sanitizer():
     return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)

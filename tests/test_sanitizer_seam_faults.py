@@ -17,6 +17,8 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, dispatch, native
 from npu_lifetime.sanitizer.backends import SimBackend
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 class Boom(Exception):
     pass

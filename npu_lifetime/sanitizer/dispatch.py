@@ -193,7 +193,7 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
     """What _dispatch.c needs to run the common op as the body does (its
     layout is documented there), or None: every op to the body.  The guards
     send ops to the body while a test runs the Python scan or walk."""
-    if len(sanitizers) != 1 or native.scan is None or native.frames is None or native.feed is None:
+    if len(sanitizers) != 1 or sanitizers[0].parts.dispatch is not _native_dispatch:
         return None
     sanitizer = sanitizers[0]
     backend = sanitizer.backend
@@ -204,7 +204,7 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
 
     guards = ((vars(accesses), "op_accesses", _OP_ACCESSES), (vars(accesses), "_native_scan", native.scan),
               (vars(accesses), "plan", _PLAN), (vars(accesses), "written_storages", _WRITTEN_STORAGES),
-              (vars(sites), "_native_frames", native.frames), (vars(native), "feed", native.feed))
+              (vars(sites), "_native_frames", native.frames))
     return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
             tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
             on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, _PLAN,
@@ -247,7 +247,7 @@ def _op_binding(func):
 def _apply_parts(sanitizer) -> tuple:
     """What LifetimeSanitizer.apply_accesses reads, for _dispatch.c's copy of it."""
     model, storages = sanitizer.model, sanitizer.storages
-    return (sanitizer._lock, model.has_stream, native.feed.feed, storages.live, storages.sizeless,
+    return (sanitizer._lock, model.has_stream, sanitizer._op_feed, storages.live, storages.sizeless,
             sanitizer._first_sight, model.set_size, model.access, sanitizer._findings.add, sanitizer._announce_races)
 
 

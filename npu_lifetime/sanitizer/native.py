@@ -46,7 +46,7 @@ def _load(name: str):
 
 frames = _load("_frames")
 scan = _load("_scan")
-feed = _load("_feed")
+op_feed = _load("_feed")
 dispatch = _load("_dispatch")
 storage_feed = _load("_storage_feed")
 trace_hook = _load("_trace_hook")
@@ -69,9 +69,72 @@ def model_class() -> type:
     return lifetime.model_class("native" if use_native else "python")
 
 
+class Parts:
+    """One implementation of each of a sanitizer's own parts, all C or all
+    Python, with the same constructors and methods (``feeds.py`` holds the
+    Python ones, the reference):
+
+    - ``model``: the lifetime model's class;
+    - ``host_lock``: ``HostLock(rlock, sanitizer)``, the sanitizer's lock;
+    - ``op_feed``: ``feed(found, live, sizeless, first_sight, set_size,
+      access, stream, fresh_stream, op_name, site)``, an op's accesses;
+    - ``storage_feed``: ``StorageFeed(...)``, allocations and frees;
+    - ``event_feed``: ``EventFeed(...)``, device events;
+    - ``dispatch``: _dispatch.c's fast path for the common op, or None
+      (every op to ``_Mode.__torch_dispatch__``'s Python body).
+
+    ``LifetimeSanitizer(parts=...)`` takes one; ``default()`` is the C
+    where it was built.  The process-wide parts above (``frames``,
+    ``scan``, ``trace_hook``, ``event_hook``, ``threads``) are not a
+    sanitizer's: only ``NPU_LIFETIME_NATIVE=0`` turns them off."""
+
+    __slots__ = ("name", "model", "host_lock", "op_feed", "storage_feed", "event_feed", "dispatch")
+
+    def __init__(self, name: str, model: type, host_lock, op_feed, storage_feed, event_feed, dispatch) -> None:
+        self.name, self.model, self.host_lock, self.op_feed = name, model, host_lock, op_feed
+        self.storage_feed, self.event_feed, self.dispatch = storage_feed, event_feed, dispatch
+
+    def __repr__(self) -> str:
+        return f"Parts({self.name})"
+
+
+def python_parts() -> Parts:
+    """The pure-Python sanitizer (the reference)."""
+    from .. import lifetime
+    from . import feeds
+
+    return Parts("python", lifetime.model_class("python"), feeds.HostLock, feeds.feed_op, feeds.StorageFeed,
+                 feeds.EventFeed, None)
+
+
+def native_parts() -> Parts:
+    """The C parts where they were built (each missing one is Python's)."""
+    py = python_parts()
+    fast_path = dispatch if scan is not None and frames is not None and op_feed is not None else None
+    return Parts("native", model_class(),
+                 host_lock.HostLock if host_lock is not None else py.host_lock,
+                 op_feed.feed if op_feed is not None else py.op_feed,
+                 storage_feed.StorageFeed if storage_feed is not None else py.storage_feed,
+                 event_feed.EventFeed if event_feed is not None else py.event_feed,
+                 fast_path)
+
+
+_default = None
+
+
+def default() -> Parts:
+    """What a sanitizer is built with when not told: C where built (none with
+    ``NPU_LIFETIME_NATIVE=0``, whose modules above are then all None)."""
+    global _default
+    if _default is None:
+        _default = native_parts()
+    return _default
+
+
 def in_use() -> dict:
     """Which native parts this process uses (for benchmarks and reports)."""
-    return {"frames": frames is not None, "scan": scan is not None, "feed": feed is not None, "dispatch": dispatch is not None,
+    return {"frames": frames is not None, "scan": scan is not None, "feed": op_feed is not None,
+            "dispatch": dispatch is not None,
             "storage_feed": storage_feed is not None, "trace_hook": trace_hook is not None,
             "host_lock": host_lock is not None, "event_hook": event_hook is not None,
             "event_feed": event_feed is not None, "threads": threads is not None, "trace_bridge": trace_bridge.installed(),
