@@ -17,6 +17,8 @@ from npu_lifetime.lifetime import ReuseOutcome, UncoveredFree
 from npu_lifetime.sanitizer.reporting import GroupInfo, Policy
 from npu_lifetime.sanitizer.suppressions import Suppressions, SuppressionsError
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A real bug: a tensor allocated on a side stream, read on the main stream,
@@ -26,8 +28,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DROPPED = """
 import torch
 from npu_lifetime import simdevice as sd
-
-pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
 def step():
     side = sd.Stream()

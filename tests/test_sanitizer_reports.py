@@ -11,12 +11,12 @@ from npu_lifetime.cli import main
 from npu_lifetime.sanitizer.naming import Names, stream_names
 from pasted_fixes import suggested_fixes
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 HANDOFF = """
 import torch
 import npu_lifetime
 from npu_lifetime import simdevice as sd
-
-pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
 side = sd.Stream()
 weights = torch.ones(32)

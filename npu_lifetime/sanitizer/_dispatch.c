@@ -372,6 +372,9 @@ static int feed_accesses(PyObject *state, PyObject *entry, PyObject *frame, PyOb
     if (found == NULL) return -1;
     int failed = !PyList_Check(found);
     if (failed) PyErr_SetString(PyExc_TypeError, "_scan.op returned no list");
+#ifdef NPL_MUTANT_DISPATCH /* tests/test_sanitizer_seam_mutants.py: the common op's accesses are dropped */
+    if (!failed) PyList_SetSlice(found, 0, PyList_GET_SIZE(found), NULL);
+#endif
     if (failed || PyList_GET_SIZE(found) == 0) {
         seam_release(found);
         return failed ? -1 : 0;

@@ -117,6 +117,9 @@ static int access_one(PyObject *entry, PyObject *sid, PyObject *access, PyObject
     PyObject *names_tuple = PySequence_Tuple(names);
     seam_release(names);
     if (names_tuple == NULL) return -1;
+#ifdef NPL_MUTANT_OP_FEED /* tests/test_sanitizer_seam_mutants.py: every write fed as a read */
+    is_write = 0;
+#endif
     PyObject *args[6] = {sid, stream, is_write ? Py_True : Py_False, op_name, site, names_tuple};
     PyObject *found = PyObject_Vectorcall(access, args, 6, NULL);
     seam_release(names_tuple);
