@@ -14,7 +14,7 @@ import pytest
 
 from npu_lifetime.cli import main
 from npu_lifetime.lifetime import ReuseOutcome, UncoveredFree
-from npu_lifetime.sanitizer.reporting import GroupInfo, Policy
+from npu_lifetime.sanitizer.finding_policy import GroupInfo, Policy
 from npu_lifetime.sanitizer.suppressions import Suppressions, SuppressionsError
 
 pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's

@@ -16,11 +16,11 @@ import pytest
 from npu_lifetime.sanitizer import native
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ROOT / "npu_lifetime" / "sanitizer"
+SOURCES = ROOT / "npu_lifetime" / "sanitizer" / "_c"
 
 # extension, its mutant macro, the suite (and -k) that must catch it
 MUTANTS = [
-    ("_feed", "NPL_MUTANT_OP_FEED", "tests/test_sanitizer_verdicts.py"),
+    ("_op_feed", "NPL_MUTANT_OP_FEED", "tests/test_sanitizer_verdicts.py"),
     ("_dispatch", "NPL_MUTANT_DISPATCH", "tests/test_sanitizer_verdicts.py"),
     ("_storage_feed", "NPL_MUTANT_STORAGE_FEED", "tests/test_sanitizer_verdicts.py"),
     ("_event_feed", "NPL_MUTANT_EVENT_FEED", "tests/test_sanitizer_verdicts.py"),

@@ -6,7 +6,7 @@ equivalent that stays the fallback and the reference it is tested against:
 - ``scan`` (_scan.c): which storages an op's tensor arguments touch
   (``accesses.py``; ``StorageAccess``'s slots are then its C base's, which
   ``feed`` reads directly);
-- ``feed`` (_feed.c): an op's accesses into the model (``sanitizer.py``);
+- ``op_feed`` (_c/_op_feed.c): an op's accesses into the model (``sanitizer.py``);
 - ``dispatch`` (_dispatch.c): the dispatch mode's ``__torch_dispatch__``,
   which runs the common op itself (``dispatch.py``'s ``_Mode``);
 - ``storage_feed`` (_storage_feed.c): an allocation or free into the
@@ -46,7 +46,7 @@ def _load(name: str):
 
 frames = _load("_frames")
 scan = _load("_scan")
-op_feed = _load("_feed")
+op_feed = _load("_op_feed")
 dispatch = _load("_dispatch")
 storage_feed = _load("_storage_feed")
 trace_hook = _load("_trace_hook")

@@ -6,7 +6,7 @@ synchronisation events, the storage table (``storages.py``) names storages,
 the shim link (``shim_link.py``) brings the shim's allocations and frees,
 and ``recording/watchers.py`` brings record_use / record_stream / erase_stream calls
 made outside the dispatcher.  The model decides every finding; the
-reporting policy (``reporting.py``) groups, raises or warns, and classifies
+reporting policy (``finding_policy.py``) groups, raises or warns, and classifies
 them.
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ from ..recording import stream_from_op_args
 from . import accesses, arguments, dispatch, forks, report, sites, threads
 from .backends import Backend, backend_for
 from .hub import on_thread
-from .naming import Names
+from .user_names import Names
 from .native import Parts, default as default_parts
-from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
+from .finding_policy import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
 from .storages import StorageTable
 from .suppressions import Suppressions

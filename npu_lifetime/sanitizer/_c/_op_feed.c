@@ -17,7 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 
 static PyObject *str_storage, *str_accessed, *str_is_write, *str_names, *str_tensor, *str_untyped_storage,
     *str_nbytes;
@@ -164,9 +164,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_feed", NULL, -1, methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_op_feed", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__feed(void) {
+PyMODINIT_FUNC PyInit__op_feed(void) {
     str_storage = PyUnicode_InternFromString("storage");
     str_accessed = PyUnicode_InternFromString("accessed");
     str_is_write = PyUnicode_InternFromString("is_write");

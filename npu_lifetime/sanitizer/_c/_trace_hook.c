@@ -19,7 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <stddef.h>
 
 static PyObject *str_sinks, *str_storage_feed, *str_trace_alloc, *str_trace_free, *str_free_found;
