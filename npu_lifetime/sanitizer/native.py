@@ -97,6 +97,11 @@ class Parts:
     def __repr__(self) -> str:
         return f"Parts({self.name})"
 
+    def replace(self, **changes) -> "Parts":
+        """These parts with some replaced (a test's faulty model or feed)."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        return Parts(**{**fields, **changes})
+
 
 def python_parts() -> Parts:
     """The pure-Python sanitizer (the reference)."""
