@@ -57,6 +57,12 @@ def _nothing(*args) -> None:
     return None
 
 
+class _NoTrace:
+    """A storage feed that drops the trace's allocations and frees."""
+
+    trace_alloc = trace_free = staticmethod(_nothing)
+
+
 def _setup(part: str, device: str):
     """Switches ``part`` on; returns a context to time under (or None)."""
     import torch
@@ -88,7 +94,7 @@ def _setup(part: str, device: str):
         for name in EVENT_BODIES:
             setattr(sanitizer, name, _nothing)
     if part == "no-mode-storage-off":
-        sanitizer._trace_alloc, sanitizer._trace_free = _nothing, _nothing
+        sanitizer._storage_feed = _NoTrace()  # what the trace's delivery (and _trace_alloc / _trace_free) call
     if part.startswith("no-mode"):
         from torch.utils._python_dispatch import _pop_mode_temporarily
 

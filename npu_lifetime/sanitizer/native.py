@@ -1,23 +1,30 @@
-"""The sanitizer's native parts, each an optional C extension with a Python
-equivalent that stays the fallback and the reference it is tested against:
+"""The one seam between the sanitizer and its C parts: the only module
+that loads them (``native_parts.load``; sources under ``_c/``), and where a
+sanitizer's implementation is chosen (``Parts``: C where built, or the
+Python reference of ``feeds.py``).  Each C part has a Python equivalent
+with the same interface, the reference it is tested against (both ways in
+one process: tests/conftest.py's ``both_ways``).
 
+A sanitizer's own parts (``Parts``, chosen when it is built):
+- ``op_feed`` (_op_feed.c): an op's accesses into the model (``feeds.feed_op``);
+- ``storage_feed`` (_storage_feed.c): an allocation or free into the
+  storage table and the model (``feeds.StorageFeed``);
+- ``event_feed`` (_event_feed.c): device events into the model, what the
+  sanitizer's ``on_event_*``, ``on_wait_stream`` and ``on_*_sync`` call
+  (``feeds.EventFeed``);
+- ``host_lock`` (_host_lock.c): the sanitizer's lock (``feeds.HostLock``);
+- ``dispatch`` (_dispatch.c): the dispatch mode's fast path for the common
+  op (``dispatch.py``'s ``_Mode`` body is the reference);
+- the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
+
+The process's parts (one per process, read by the modules named):
 - ``frames`` (_frames.c): the stack walk of a site capture, and the site
   it makes (``sites.py``; ``Site``'s slots are then its C base's);
 - ``scan`` (_scan.c): which storages an op's tensor arguments touch
   (``accesses.py``; ``StorageAccess``'s slots are then its C base's, which
-  ``feed`` reads directly);
-- ``op_feed`` (_c/_op_feed.c): an op's accesses into the model (``sanitizer.py``);
-- ``dispatch`` (_dispatch.c): the dispatch mode's ``__torch_dispatch__``,
-  which runs the common op itself (``dispatch.py``'s ``_Mode``);
-- ``storage_feed`` (_storage_feed.c): an allocation or free into the
-  storage table and the model (``sanitizer.py``, ``storages.py``);
-- ``event_feed`` (_event_feed.c): device events into the model, the
-  sanitizer's ``on_event_*``, ``on_wait_stream`` and ``on_*_sync`` handlers
-  (``sanitizer.py``);
-- ``host_lock`` (_host_lock.c): the sanitizer's lock (``sanitizer.py``,
-  ``_HostLock``);
+  the op feed reads directly);
 - ``trace_hook`` (_trace_hook.c): the device allocation trace's delivery to
-  the sanitizers (``backends.py``, ``hub.py``);
+  the sanitizers' storage feeds (``backends.py``);
 - ``event_hook`` (_event_hook.c): device events' delivery to the sanitizers,
   or to the op in progress (``hub.py``'s ``Hub.event``, ``backends.py``);
 - ``threads`` (_threads.c): threads already running when a sanitizer is
@@ -25,12 +32,11 @@ equivalent that stays the fallback and the reference it is tested against:
 - the GPU trace bridge (``trace_bridge.py``, C++ built against the torch in
   use and installed by the first CUDA sanitizer): torch's trace delivered
   to its Python registries without torch's import per event; ``in_use()``
-  says whether it is installed now, the others whether they were built;
-- the lifetime model itself (``lifetime/native_model.cpp``, ``model_class``).
+  says whether it is installed now, the others whether they were built.
 
-Each is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns all of
-them off (the pure-Python sanitizer), ``NPU_LIFETIME_MODEL=python`` only the
-model: CI runs the sanitizer's tests both ways.
+Each module is None where it was not built.  ``NPU_LIFETIME_NATIVE=0`` turns
+all of them off (the pure-Python sanitizer), ``NPU_LIFETIME_MODEL=python``
+only the model.
 """
 from __future__ import annotations
 
