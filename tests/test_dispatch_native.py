@@ -115,16 +115,16 @@ def test_the_comparison_sees_a_path_that_drops_writes(monkeypatch):
     real = dispatch._apply_parts
 
     def reads_only(sanitizer):
-        parts = list(real(sanitizer))
-        feed = parts[2]
+        parts = real(sanitizer)
+        feed = parts["feed"]
 
         def dropping(found, *rest):
             for a in found:
                 a.is_write = False
             return feed(found, *rest)
 
-        parts[2] = dropping
-        return tuple(parts)
+        parts["feed"] = dropping
+        return parts
 
     monkeypatch.setattr(dispatch, "_apply_parts", reads_only)
     assert right and _full_reports(program) != right

@@ -40,17 +40,18 @@ from variants import at_least_one  # noqa: E402
 
 PARTS = ("trace", "empty-mode", "empty-mode-op", "no-mode", "no-mode-events-off", "no-mode-storage-off", "lifetime",
          "no-feed", "no-access", "fixed-site")
-S_CAPTURE, S_FEED, S_ACCESS = 7, 20, 25  # _dispatch.c's state layout
+S_CAPTURE, S_FEED, S_ACCESS = "capture", "feed", "access"  # _dispatch.c's OpFeed fields
 EVENT_BODIES = ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record", "on_event_wait",
                 "on_event_sync", "on_current_stream_waits", "on_stream_sync", "on_device_sync", "on_wait_stream")
 
 
-def _patch_state(index: int, value) -> None:
+def _patch_state(field: str, value) -> None:
+    """The enabled sanitizer's OpFeed made again with ``field`` replaced."""
     from npu_lifetime.sanitizer import dispatch
 
-    state = list(dispatch._native_state(dispatch._active))
-    state[index] = value
-    dispatch._native_dispatch.common(tuple(state))
+    fields = dispatch._op_feed_fields(dispatch._active)
+    fields[field] = value
+    dispatch._native_dispatch.common(dispatch._native_dispatch.OpFeed(**fields))
 
 
 def _nothing(*args) -> None:
