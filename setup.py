@@ -38,38 +38,38 @@ if os.environ.get("NPL_FUTEX_LOCK") == "1":
 # equivalent): a failed build (no Python headers, no compiler) is a warning.
 OPTIONAL_EXTENSIONS = [
     # the sanitizer's stack walk (npu_lifetime/sanitizer/sites.py)
-    Extension("npu_lifetime.sanitizer._frames", sources=["npu_lifetime/sanitizer/_frames.c"],
+    Extension("npu_lifetime.sanitizer._frames", sources=["npu_lifetime/sanitizer/_c/_frames.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's scan of an op's tensor arguments (npu_lifetime/sanitizer/accesses.py)
-    Extension("npu_lifetime.sanitizer._scan", sources=["npu_lifetime/sanitizer/_scan.c"],
-              depends=["npu_lifetime/sanitizer/access_object.h"],
+    Extension("npu_lifetime.sanitizer._scan", sources=["npu_lifetime/sanitizer/_c/_scan.c"],
+              depends=["npu_lifetime/sanitizer/_c/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's feed of an op's accesses into the model (npu_lifetime/sanitizer/sanitizer.py)
-    Extension("npu_lifetime.sanitizer._feed", sources=["npu_lifetime/sanitizer/_feed.c"],
-              depends=["npu_lifetime/sanitizer/access_object.h"],
+    Extension("npu_lifetime.sanitizer._op_feed", sources=["npu_lifetime/sanitizer/_c/_op_feed.c"],
+              depends=["npu_lifetime/sanitizer/_c/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
-    Extension("npu_lifetime.sanitizer._dispatch", sources=["npu_lifetime/sanitizer/_dispatch.c"],
-              depends=["npu_lifetime/sanitizer/access_object.h"],
+    Extension("npu_lifetime.sanitizer._dispatch", sources=["npu_lifetime/sanitizer/_c/_dispatch.c"],
+              depends=["npu_lifetime/sanitizer/_c/access_object.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's allocations and frees into its storage table and model (npu_lifetime/sanitizer/storages.py)
-    Extension("npu_lifetime.sanitizer._storage_feed", sources=["npu_lifetime/sanitizer/_storage_feed.c"],
-              depends=["npu_lifetime/sanitizer/host_entry.h"],
+    Extension("npu_lifetime.sanitizer._storage_feed", sources=["npu_lifetime/sanitizer/_c/_storage_feed.c"],
+              depends=["npu_lifetime/sanitizer/_c/host_entry.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the device allocation trace's delivery to the sanitizers (npu_lifetime/sanitizer/backends.py)
-    Extension("npu_lifetime.sanitizer._trace_hook", sources=["npu_lifetime/sanitizer/_trace_hook.c"],
+    Extension("npu_lifetime.sanitizer._trace_hook", sources=["npu_lifetime/sanitizer/_c/_trace_hook.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # device events' delivery to the sanitizers, or to the op in progress (npu_lifetime/sanitizer/hub.py)
-    Extension("npu_lifetime.sanitizer._event_hook", sources=["npu_lifetime/sanitizer/_event_hook.c"],
+    Extension("npu_lifetime.sanitizer._event_hook", sources=["npu_lifetime/sanitizer/_c/_event_hook.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the sanitizer's device-event handlers, into its model (npu_lifetime/sanitizer/sanitizer.py)
-    Extension("npu_lifetime.sanitizer._event_feed", sources=["npu_lifetime/sanitizer/_event_feed.c"],
-              depends=["npu_lifetime/sanitizer/host_entry.h"],
+    Extension("npu_lifetime.sanitizer._event_feed", sources=["npu_lifetime/sanitizer/_c/_event_feed.c"],
+              depends=["npu_lifetime/sanitizer/_c/host_entry.h"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # threads already running when a sanitizer is enabled take its dispatch mode (npu_lifetime/sanitizer/threads.py)
-    Extension("npu_lifetime.sanitizer._threads", sources=["npu_lifetime/sanitizer/_threads.c"],
+    Extension("npu_lifetime.sanitizer._threads", sources=["npu_lifetime/sanitizer/_c/_threads.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
-    # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/sanitizer.py, _HostLock)
-    Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_host_lock.c"],
+    # the sanitizer's lock, entered a few times per op (npu_lifetime/sanitizer/feeds.py, HostLock)
+    Extension("npu_lifetime.sanitizer._host_lock", sources=["npu_lifetime/sanitizer/_c/_host_lock.c"],
               extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]),
     # the shim's allocation and free hooks, relayed to their Python subscribers (npu_lifetime/shim/hooks.py)
     Extension("npu_lifetime.shim._hook_relay", sources=["npu_lifetime/shim/_hook_relay.c"],

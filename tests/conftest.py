@@ -80,3 +80,35 @@ def wait_for(condition, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.002)
     return condition()
+
+
+def python_everywhere(monkeypatch) -> None:
+    """The pure-Python sanitizer for what follows: sanitizers built without
+    ``parts`` get ``native.python_parts()``, and the process-wide parts (the
+    scan, the stack walk, the trace and event hooks, the threads' follower)
+    are Python's while ``monkeypatch`` lasts."""
+    from npu_lifetime.sanitizer import accesses, native, sites, threads
+
+    monkeypatch.setattr(native, "_default", native.python_parts())
+    monkeypatch.setattr(native, "trace_hook", None)
+    monkeypatch.setattr(native, "event_hook", None)  # hubs' subscribers made from now on (the sim's listener
+    # is made once per process: tests/test_event_hook.py compares its two paths)
+    monkeypatch.setattr(accesses, "_native_scan", None)
+    monkeypatch.setattr(sites, "_native_frames", None)
+    monkeypatch.setattr(threads, "_native", None)  # threads running at enable(): sys._setprofileallthreads or none
+
+
+@pytest.fixture(params=["native", "python"])
+def both_ways(request, monkeypatch):
+    """One test body, two instances (as CPython's tests do with
+    ``import_fresh_module``): the test runs with the sanitizer's C parts,
+    then with its pure-Python reference, in this process.  A suite takes it
+    with ``pytestmark = pytest.mark.usefixtures("both_ways")``."""
+    from npu_lifetime.sanitizer import native
+
+    if request.param == "native":
+        if native.default().name != "native" or native.dispatch is None:
+            pytest.skip("the sanitizer's native parts are off or not built: the python instance is the test")
+    else:
+        python_everywhere(monkeypatch)
+    return request.param

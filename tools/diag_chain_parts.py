@@ -40,21 +40,28 @@ from variants import at_least_one  # noqa: E402
 
 PARTS = ("trace", "empty-mode", "empty-mode-op", "no-mode", "no-mode-events-off", "no-mode-storage-off", "lifetime",
          "no-feed", "no-access", "fixed-site")
-S_CAPTURE, S_FEED, S_ACCESS = 7, 20, 25  # _dispatch.c's state layout
+S_CAPTURE, S_FEED, S_ACCESS = "capture", "feed", "access"  # _dispatch.c's OpFeed fields
 EVENT_BODIES = ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record", "on_event_wait",
                 "on_event_sync", "on_current_stream_waits", "on_stream_sync", "on_device_sync", "on_wait_stream")
 
 
-def _patch_state(index: int, value) -> None:
+def _patch_state(field: str, value) -> None:
+    """The enabled sanitizer's OpFeed made again with ``field`` replaced."""
     from npu_lifetime.sanitizer import dispatch
 
-    state = list(dispatch._native_state(dispatch._active))
-    state[index] = value
-    dispatch._native_dispatch.common(tuple(state))
+    fields = dispatch._op_feed_fields(dispatch._active)
+    fields[field] = value
+    dispatch._native_dispatch.common(dispatch._native_dispatch.OpFeed(**fields))
 
 
 def _nothing(*args) -> None:
     return None
+
+
+class _NoTrace:
+    """A storage feed that drops the trace's allocations and frees."""
+
+    trace_alloc = trace_free = staticmethod(_nothing)
 
 
 def _setup(part: str, device: str):
@@ -88,7 +95,7 @@ def _setup(part: str, device: str):
         for name in EVENT_BODIES:
             setattr(sanitizer, name, _nothing)
     if part == "no-mode-storage-off":
-        sanitizer._trace_alloc, sanitizer._trace_free = _nothing, _nothing
+        sanitizer._storage_feed = _NoTrace()  # what the trace's delivery (and _trace_alloc / _trace_free) call
     if part.startswith("no-mode"):
         from torch.utils._python_dispatch import _pop_mode_temporarily
 

@@ -255,8 +255,8 @@ _native_written = _native_scan.written if _native_scan is not None else None
 if _native_scan is not None:
     _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value),
                            lambda t: _holders(t))
-    if native.feed is not None:  # the feed reads StorageAccess's slots directly
-        native.feed.configure_access(_native_scan.AccessBase)
+    if native.op_feed is not None:  # the feed reads StorageAccess's slots directly
+        native.op_feed.configure_access(_native_scan.AccessBase)
 
 
 def _note_all(found: dict, value, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:

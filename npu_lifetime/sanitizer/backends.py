@@ -32,7 +32,7 @@ class Backend:
     hooks_ops = False  # before_op / inside_op do something (else the dispatch mode skips them)
     stream_handle = None  # or h(device) -> handle with current_stream(device) == (device, h(device))
     # each stream-creation event is one constructor call of the program's, so
-    # the line that made it names it (see naming.Names.note_stream); not so
+    # the line that made it names it (see user_names.Names.note_stream); not so
     # for the trace backends (_TraceBackend)
     creation_is_a_constructor_call = True
 

@@ -189,12 +189,18 @@ _native_dispatch = _native_dispatcher()
 _OP_ACCESSES, _PLAN, _WRITTEN_STORAGES = accesses.op_accesses, accesses.plan, accesses.written_storages
 
 
-def _native_state(sanitizers: tuple) -> Optional[tuple]:
-    """What _dispatch.c needs to run the common op as the body does (its
-    layout is documented there), or None: every op to the body.  The guards
-    send ops to the body while a test runs the Python scan or walk."""
-    if len(sanitizers) != 1 or native.scan is None or native.frames is None or native.feed is None:
+def _native_state(sanitizers: tuple):
+    """What _dispatch.c needs to run the common op as the body does: its
+    ``OpFeed``, each field named (documented there), or None: every op to
+    the body.  The guards send ops to the body while a test runs the Python
+    scan or walk."""
+    if len(sanitizers) != 1 or sanitizers[0].parts.dispatch is not _native_dispatch:
         return None
+    return _native_dispatch.OpFeed(**_op_feed_fields(sanitizers))
+
+
+def _op_feed_fields(sanitizers: tuple) -> dict:
+    """The OpFeed's fields for the one enabled sanitizer, by name."""
     sanitizer = sanitizers[0]
     backend = sanitizer.backend
     hooked = (backend,) if backend.hooks_ops else ()
@@ -204,12 +210,14 @@ def _native_state(sanitizers: tuple) -> Optional[tuple]:
 
     guards = ((vars(accesses), "op_accesses", _OP_ACCESSES), (vars(accesses), "_native_scan", native.scan),
               (vars(accesses), "plan", _PLAN), (vars(accesses), "written_storages", _WRITTEN_STORAGES),
-              (vars(sites), "_native_frames", native.frames), (vars(native), "feed", native.feed))
-    return (sanitizer, backend, backend.tracks, _op_device, tuple(b.before_op for b in hooked),
-            tuple(b.inside_op for b in hooked), sanitizer.stack_depth, native.frames.capture, OpFrame,
-            on_thread, _replay_held, feed_held, native.scan.written, native.scan.op, _PLAN,
-            _lifetime_ops(), guards, backend.stream_handle, *_apply_parts(sanitizer), _op_binding,
-            _op_forwarder())
+              (vars(sites), "_native_frames", native.frames))
+    return dict(
+        sanitizer=sanitizer, backend=backend, tracked=backend.tracks, op_device=_op_device,
+        before_op=tuple(b.before_op for b in hooked), inside_op=tuple(b.inside_op for b in hooked),
+        depth=sanitizer.stack_depth, capture=native.frames.capture, op_frame=OpFrame, on_thread=on_thread,
+        replay_held=_replay_held, feed_held=feed_held, written_storages=native.scan.written, scan_op=native.scan.op,
+        plan=_PLAN, lifetime_ops=_lifetime_ops(), guards=guards, stream_handle=backend.stream_handle,
+        **_apply_parts(sanitizer), binding=_op_binding, forwarder=_op_forwarder())
 
 
 def _forwarding_call(self, /, *args, **kwargs):
@@ -244,11 +252,12 @@ def _op_binding(func):
     return func
 
 
-def _apply_parts(sanitizer) -> tuple:
-    """What LifetimeSanitizer.apply_accesses reads, for _dispatch.c's copy of it."""
+def _apply_parts(sanitizer) -> dict:
+    """What LifetimeSanitizer.apply_accesses reads, for _dispatch.c's copy of it (OpFeed fields)."""
     model, storages = sanitizer.model, sanitizer.storages
-    return (sanitizer._lock, model.has_stream, native.feed.feed, storages.live, storages.sizeless,
-            sanitizer._first_sight, model.set_size, model.access, sanitizer._findings.add, sanitizer._announce_races)
+    return dict(lock=sanitizer._lock, has_stream=model.has_stream, feed=sanitizer._op_feed, live=storages.live,
+                sizeless=storages.sizeless, first_sight=sanitizer._first_sight, set_size=model.set_size,
+                access=model.access, findings_add=sanitizer._findings.add, announce=sanitizer._announce_races)
 
 
 def _resize(func, args, kwargs, sanitizers: tuple):

@@ -12,8 +12,8 @@ from typing import Callable
 from ..lifetime import (
     DataRace, InvalidFree, ReuseRace, UncoveredFree, UnrecordedEventWait, UseAfterFree, finding_to_json,
 )
-from . import naming
-from .reporting import DEFAULT, GroupInfo, Policy
+from . import user_names
+from .finding_policy import DEFAULT, GroupInfo, Policy
 
 Namer = Callable[[tuple], str]
 InfoOf = Callable[[object], GroupInfo]
@@ -58,7 +58,7 @@ def _storages(info: GroupInfo, name, site_of) -> list:
     texts: dict = {}  # text -> storages of the sample it names, in first-seen order
     for f in info.storages:
         site = site_of(f)
-        text = _storage(f, name, site) + f" allocated at {naming.where(site)}"
+        text = _storage(f, name, site) + f" allocated at {user_names.where(site)}"
         texts[text] = texts.get(text, 0) + 1
     shown = [text + (f" ({n} storages in turn at this address)" if n > 1 else "")
              for text, n in list(texts.items())[:_NAMED]]
@@ -98,7 +98,7 @@ def _free_fix(f: UncoveredFree, name, at_free: str) -> list:
     a = name.stream_arg(f.alloc_stream, at=free_site)
     lines = [
         "  fix (any one):",
-        f"    after the last use on {name(f.usage_stream)} ({use.op or use.verb} at {naming.where(use.site)}):  "
+        f"    after the last use on {name(f.usage_stream)} ({use.op or use.verb} at {user_names.where(use.site)}):  "
         f"npu_lifetime.record_use({t_use}, {u_use})",
         f"    before the free{at_free}:  {name.record_stream(t_free, u_free)}",
     ]
@@ -116,15 +116,15 @@ def _free_place(site) -> str:
     teardown, a library's thread), the end of the program."""
     frames = site.user_frames() if site is not None and hasattr(site, "user_frames") else []
     if frames:
-        return naming.where(site)
+        return user_names.where(site)
     return "it was freed when the program ended, by the interpreter: put the fix before the end of the script"
 
 
 def _import_note(lines: list, site) -> list:
     """A fix that calls ``npu_lifetime.`` pasted into a file that never
     imported it would be a NameError: the note says to import it."""
-    if any("npu_lifetime." in line for line in lines) and not naming.imports_npu_lifetime(site):
-        where = naming.where(site).rsplit(":", 1)[0]
+    if any("npu_lifetime." in line for line in lines) and not user_names.imports_npu_lifetime(site):
+        where = user_names.where(site).rsplit(":", 1)[0]
         return [f"    (add `import npu_lifetime` at the top of {where}: the fix calls it)"]
     return []
 
@@ -160,7 +160,7 @@ def _race_fix(f: DataRace, name) -> list:
     if not hasattr(name, "stream_code"):
         return [f"  fix: {f.fix(name)}"]
     acc, prior = f.access, f.prior
-    where = f"before the {acc.verb} ({acc.op or 'op'} at {naming.where(acc.site)})"
+    where = f"before the {acc.verb} ({acc.op or 'op'} at {user_names.where(acc.site)})"
     if name.is_collective(prior.stream):
         return [f"  fix: {where}: wait for the collective, `work.wait()` on the Work it returned "
                 "(record_stream/record_use do not order accesses)"]
@@ -189,7 +189,7 @@ def _race(f: DataRace, name: Namer, info: GroupInfo) -> list:
 
 def _reuse_race(f: ReuseRace, name: Namer, info: GroupInfo) -> list:
     acc, prev = f.access, f.previous_use
-    fix = _free_fix(f.free, name, f" ({naming.where(f.free.free_site)})")
+    fix = _free_fix(f.free, name, f" ({user_names.where(f.free.free_site)})")
     fix[0] = fix[0].replace("  fix", "  fix: cover the previous owner's free", 1)
     return [
         f"[reuse race] {_storage(f)} went to a new owner while its previous owner's use on "
@@ -209,7 +209,7 @@ def _reuse_race(f: ReuseRace, name: Namer, info: GroupInfo) -> list:
 def fix_text(f, name) -> str:
     """The fix lines of ``f``'s report, as one text (the JSON's ``fix``)."""
     if isinstance(f, UncoveredFree):
-        lines = _free_fix(f, name, "" if f.live else f" ({naming.where(f.free_site)})")
+        lines = _free_fix(f, name, "" if f.live else f" ({user_names.where(f.free_site)})")
     elif isinstance(f, DataRace):
         lines = _race_fix(f, name)
     elif isinstance(f, ReuseRace):

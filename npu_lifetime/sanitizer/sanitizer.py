@@ -6,7 +6,7 @@ synchronisation events, the storage table (``storages.py``) names storages,
 the shim link (``shim_link.py``) brings the shim's allocations and frees,
 and ``recording/watchers.py`` brings record_use / record_stream / erase_stream calls
 made outside the dispatcher.  The model decides every finding; the
-reporting policy (``reporting.py``) groups, raises or warns, and classifies
+reporting policy (``finding_policy.py``) groups, raises or warns, and classifies
 them.
 """
 from __future__ import annotations
@@ -26,11 +26,12 @@ from .. import storage_holders
 from ..flags import flag
 from ..lifetime import DataRace, ReuseRace, UncoveredFree, UnrecordedEventWait
 from ..recording import stream_from_op_args
-from . import accesses, arguments, dispatch, forks, native, report, sites, threads
+from . import accesses, arguments, dispatch, forks, report, sites, threads
 from .backends import Backend, backend_for
 from .hub import on_thread
-from .naming import Names
-from .reporting import ON_RACE, Findings, GroupInfo, Policy, live_info
+from .user_names import Names
+from .native import Parts, default as default_parts
+from .finding_policy import ON_RACE, Findings, GroupInfo, Policy, live_info
 from .shim_link import ShimLink
 from .storages import StorageTable
 from .suppressions import Suppressions
@@ -79,31 +80,6 @@ def _patch_threads() -> None:
     threading.Thread.start, threading.Thread.join = start_thread, join_thread
 
 
-class _HostLock(RLock):
-    """The sanitizer's lock (reentrant): entering it also tells the model
-    which host thread issues what follows (each thread has its own host
-    clock: a wait on one thread covers nothing another frees; a thread
-    started from C++ follows the Python threads, see ``_set_host``).  It is
-    taken a few times per op: the C lock's ``__exit__`` is kept, and
-    ``_set_host`` is called only when the thread changed."""
-
-    __slots__ = ("_sanitizer",)
-
-    def __init__(self, sanitizer) -> None:
-        self._sanitizer = sanitizer
-
-    def __enter__(self):
-        self.acquire()
-        sanitizer = self._sanitizer
-        if get_ident() != sanitizer._host:
-            try:
-                sanitizer._set_host()
-            except BaseException:
-                self.release()
-                raise
-        return self
-
-
 class LifetimeSanitizer:
     """Tracks every access per stream and reports data races and reuse
     races (at the access) and uncovered frees (at the free); all are
@@ -120,6 +96,9 @@ class LifetimeSanitizer:
     ``allow_latent`` for latent frees (never those only the allocator's
     hold kept safe).  ``strict`` also fails live storages' uses that a free
     now would leave uncovered.
+
+    ``parts``: the implementation of its lock, feeds and model (``native.Parts``):
+    C where built unless told (``native.python_parts()``: the reference).
     """
 
     def __init__(
@@ -131,6 +110,7 @@ class LifetimeSanitizer:
         strict: bool = False,
         allow_latent: bool = False,
         suppressions=None,
+        parts: Optional[Parts] = None,
     ) -> None:
         warn_on_free, strict, allow_latent = (flag(warn_on_free, "warn_on_free"), flag(strict, "strict"),
                                               flag(allow_latent, "allow_latent"))
@@ -149,59 +129,45 @@ class LifetimeSanitizer:
         suppressions = arguments.suppressions(suppressions)
         self.policy = Policy(allow_latent=allow_latent, strict=strict, suppressions=suppressions)
         self.enabled = False
-        self.model = native.model_class()(retain=False, remember_frees=0, host=threading.main_thread().ident)
+        self.parts = parts = parts if parts is not None else default_parts()
+        self.model = parts.model(retain=False, remember_frees=0, host=threading.main_thread().ident)
         self._host = threading.main_thread().ident  # the thread the model names as the host (set_host)
         self.storages = StorageTable(self.model, self.backend, self._free, self._free_found)
         self.names = Names(self.backend)
         self._findings = Findings(self.describe)
         self._flushed: dict = {}  # id(finding) -> GroupInfo of the last flush
-        # the model's lock; entering it names the calling thread as the host (_host_lock.c: _HostLock in C)
-        rlock = RLock()
-        self._lock = native.host_lock.HostLock(rlock, self) if native.host_lock is not None else _HostLock(self)
-        # what the native feeds acquire and release (the host check is theirs): the RLock under the lock
-        self._rlock = rlock if native.host_lock is not None else self._lock
+        # the model's lock; entering it names the calling thread as the host
+        # what the feeds acquire and release (the host check is theirs): the RLock under the lock
+        self._rlock = RLock()
+        self._lock = parts.host_lock(self._rlock, self)
+        self._op_feed = parts.op_feed
         forks.watch(self)  # a fork from any thread leaves this lock free in the child
         self._threads: dict = {threading.main_thread().ident: weakref.ref(threading.main_thread())}  # ident -> Thread
         self._forks = weakref.WeakKeyDictionary()  # Thread started, not seen yet -> its parent's clock
         self._known_events: set = set()
         self._unchecked_before: Counter = Counter()  # accesses.UNCHECKED at enable()
         self._shim = ShimLink(self)
-        self._storage_feed = self._native_storage_feed()
-        if self._storage_feed is not None:  # the trace's allocations and frees in one C call each
-            self._trace_alloc, self._trace_free = self._storage_feed.trace_alloc, self._storage_feed.trace_free
-        self._use_native_event_feed()
+        self._storage_feed = self._make_storage_feed()
+        self._events = self._make_event_feed()
 
-    def _native_storage_feed(self):
-        """_storage_feed.c's StorageFeed over this sanitizer's storage table
-        and model (``on_shim_alloc``, ``_free``, ``_trace_alloc``,
-        ``_trace_free`` in C); None where it was not built."""
-        if native.storage_feed is None:
-            return None
+    def _make_storage_feed(self):
+        """The parts' StorageFeed over this sanitizer's storage table and
+        model (``on_shim_alloc``, ``_free``, ``_trace_alloc``, ``_trace_free``
+        go through it)."""
         storages, model = self.storages, self.model
         walk = sites._native_frames  # skip counts from the innermost Python frame, the program's here
         capture = partial(walk.capture, self.stack_depth, 0) if walk is not None \
             else partial(sites.capture, self.stack_depth, 1)
-        return native.storage_feed.StorageFeed(
+        return self.parts.storage_feed(
             self, self._rlock, self._shim, storages.live, storages.sizeless, storages._ids, storages._blocks_before,
             model.allocate, model.free, model.has_stream, self._stream, on_thread, capture)
 
-    _NATIVE_EVENT_HANDLERS = ("on_event_created", "on_event_deleted", "on_event_record", "on_event_wait",
-                              "on_wait_stream", "on_stream_sync", "on_device_sync")
-
-    def _use_native_event_feed(self) -> None:
-        """The device-event handlers in C (_event_feed.c), set as this
-        sanitizer's own attributes over the methods below, which stay the
-        reference; nothing where it was not built.  A handler a subclass
-        overrides stays the subclass's.  The feed binds the model's
-        methods, ``_keep``, ``_stream`` and the lock now: a sanitizer that
-        replaces them calls this again."""
-        if native.event_feed is None:
-            return
-        feed = native.event_feed.EventFeed(self, self._rlock, self._known_events, self.model, self._stream,
-                                           partial(self._sync_site, skip=2), self._keep)
-        for name in self._NATIVE_EVENT_HANDLERS:
-            if getattr(type(self), name) is getattr(LifetimeSanitizer, name):
-                setattr(self, name, getattr(feed, name))
+    def _make_event_feed(self):
+        """The parts' EventFeed, which the device-event handlers below call.
+        It binds the model's methods, ``_keep``, ``_stream`` and the lock
+        now: a sanitizer that replaces them makes it again."""
+        return self.parts.event_feed(self, self._rlock, self._known_events, self.model, self._stream,
+                                     partial(self._sync_site, skip=2), self._keep)
 
     # -- enabling ---------------------------------------------------------------
     def enable(self) -> "LifetimeSanitizer":
@@ -365,13 +331,7 @@ class LifetimeSanitizer:
     def apply_accesses(self, stream: tuple, found: list, site, op_name: str) -> Optional[Exception]:
         """``apply_op`` for the common op (no in-op event): its accesses on ``stream``."""
         with self._lock:
-            model = self.model
-            if native.feed is not None and model.has_stream(stream):  # _accesses, inlined
-                storages = self.storages
-                races = native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, model.set_size,
-                                         model.access, stream, stream, op_name, site)
-            else:
-                races = self._accesses(stream, found, stream, op_name, site)
+            races = self._accesses(stream, found, stream, op_name, site)
             new = self._findings.add(races) if races else ()
         return self._announce_races(new) if new else None
 
@@ -379,30 +339,14 @@ class LifetimeSanitizer:
         model, storages = self.model, self.storages
         if not model.has_stream(stream):
             self._stream(stream)
-        if native.feed is not None:  # the loop below, in C (_feed.c)
-            return native.feed.feed(found, storages.live, storages.sizeless, self._first_sight, model.set_size,
-                                     model.access, stream, fresh_stream, op_name, site)
-        live = storages.live
-        races: list = []
-        for a in found:
-            sid = live.get(a.storage)
-            if sid is None:
-                sid = self._first_sight(a, fresh_stream, site)
-            elif storages.sizeless:
-                storages.sized(sid, a)
-            if a.accessed:
-                r = model.access(sid, stream, a.is_write, op_name, site, tuple(a.names))
-                if r:
-                    races += r
-        return races
+        return self._op_feed(found, storages.live, storages.sizeless, self._first_sight, model.set_size,
+                             model.access, stream, fresh_stream, op_name, site)
 
     def _first_sight(self, a, fresh_stream: tuple, site) -> int:
         """The storage id for an access to a storage not in the table: a
         fresh output allocated by the op (simulated device), else one from
         before tracking."""
         if a.fresh and self.backend.allocations_by_first_sight:
-            if self._storage_feed is None:
-                return self.storages.allocate(a.storage, a.nbytes, self._stream(fresh_stream), site, a.tensor)
             sid = self._storage_feed.allocate(a.storage, a.nbytes, fresh_stream, site)  # StorageTable.allocate
             if a.tensor is not None:
                 self.backend.watch(a.tensor, self._free, sid)
@@ -553,25 +497,16 @@ class LifetimeSanitizer:
             self.names.note_stream(key, site)
 
     def on_event_created(self, event) -> None:
-        with self._lock:
-            self._known_events.add(event)
-            self.model.create_event(event)
+        self._events.on_event_created(event)
 
     def on_event_deleted(self, event) -> None:
-        with self._lock:
-            self._known_events.discard(event)
-            self.model.delete_event(event)
+        self._events.on_event_deleted(event)
 
     def on_event_record(self, event, key) -> None:
-        with self._lock:
-            self._known_events.add(event)
-            self.model.create_event(event)
-            self.model.record_event(event, self._stream(key))
+        self._events.on_event_record(event, key)
 
     def on_event_wait(self, event, key) -> None:
-        with self._lock:
-            if event in self._known_events:  # else created and recorded before we were enabled
-                self._keep(self.model.wait_event(self._stream(key), event))  # unrecorded: _keep drops it, no site
+        self._events.on_event_wait(event, key)
 
     def on_event_sync(self, event) -> None:
         with self._lock:
@@ -583,12 +518,10 @@ class LifetimeSanitizer:
         self.on_event_wait(event, self.backend.current_stream(self.backend.current_device()))
 
     def on_stream_sync(self, key) -> None:
-        with self._lock:
-            self.model.synchronize_stream(self._stream(key), site=self._sync_site)
+        self._events.on_stream_sync(key)
 
     def on_device_sync(self, device) -> None:
-        with self._lock:
-            self.model.synchronize_device(device, site=self._sync_site)
+        self._events.on_device_sync(device)
 
     def _sync_site(self, skip: int = 3):
         """Where the host waited (asked only when a latent free's reason
@@ -601,8 +534,7 @@ class LifetimeSanitizer:
         return frame.site if frame is not None else sites.capture(self.stack_depth, skip=skip)
 
     def on_wait_stream(self, waiter, waitee) -> None:
-        with self._lock:
-            self.model.wait_stream(self._stream(waiter), self._stream(waitee))
+        self._events.on_wait_stream(waiter, waitee)
 
     def on_trace_alloc(self, address, device) -> None:
         """The device's allocation trace (``Hub.direct``; the native delivery
@@ -616,18 +548,13 @@ class LifetimeSanitizer:
 
     def _trace_alloc(self, address, key) -> None:
         """An allocation the device's trace reports, on the stream ``key``
-        (its size learnt at the first access); an instance attribute
-        replaces it with the native feed's."""
-        if not self._shim.connected:  # else the shim reports allocations itself
-            self.on_shim_alloc(address, 0, key)
+        (its size learnt at the first access; skipped while the shim is connected)."""
+        self._storage_feed.trace_alloc(address, key)
 
     def _trace_free(self, address) -> Optional[list]:
         """A free the device's trace reports: the model's findings, for
-        ``_free_found``; an instance attribute replaces it with the native
-        feed's."""
-        if self._shim.connected:
-            return None
-        return self._free_in_table(address)
+        ``_free_found`` (None while the shim is connected)."""
+        return self._storage_feed.trace_free(address)
 
     def on_host_read(self, tensor, what: str) -> None:
         """The host reads ``tensor`` back (``.tolist()``, ``.cpu()``,
@@ -696,11 +623,7 @@ class LifetimeSanitizer:
                 raise error
 
     def on_shim_alloc(self, address: int, size: int, key: tuple) -> None:
-        if self._storage_feed is not None:
-            self._storage_feed.allocate(address, size, key)
-            return
-        with self._lock:
-            self.storages.allocate(address, size, self._stream(key), self._site())
+        self._storage_feed.allocate(address, size, key)
 
     def allocator_holds(self, free: UncoveredFree) -> None:
         with self._lock:
@@ -730,11 +653,8 @@ class LifetimeSanitizer:
 
     def _free_in_table(self, address, sid=None, site=None) -> list:
         """The free in the storage table and the model: their findings."""
-        if site is None and self._storage_feed is not None:
-            return self._storage_feed.free(address) if sid is None else self._storage_feed.free(address, sid)
         if site is None:
-            frame = on_thread.frame
-            site = frame.site if frame is not None else self._capture  # a stack only if a finding needs it
+            return self._storage_feed.free(address) if sid is None else self._storage_feed.free(address, sid)
         with self._lock:
             return self.storages.free(address, site, sid)
 
@@ -750,8 +670,6 @@ class LifetimeSanitizer:
         frame = on_thread.frame
         return frame.site if frame is not None else sites.capture(self.stack_depth, skip=3)
 
-    def _capture(self):
-        return sites.capture(self.stack_depth, skip=2)
 
     # -- announcing ---------------------------------------------------------------------
     def _keep(self, found: list) -> None:

@@ -32,17 +32,8 @@ class ShimLink:
                 if isinstance(finding, UncoveredFree) and api.note_use(ptr, finding.usage_stream[1]):
                     sanitizer.allocator_holds(finding)  # the shim defers the reuse: it cannot race
 
-        feed = sanitizer._storage_feed
-        if feed is not None:  # the table's C methods themselves: no Python frame per allocation or free
-            self._subscription = hooks.subscribe(feed.shim_alloc, feed.shim_free, on_findings)
-        else:
-            def on_alloc(ptr, size, device, stream):
-                sanitizer.on_shim_alloc(ptr, size, (device, stream))
-
-            def on_free(ptr, _size, _device, _stream):
-                return sanitizer._free_in_table(ptr)
-
-            self._subscription = hooks.subscribe(on_alloc, on_free, on_findings)
+        feed = sanitizer._storage_feed  # its methods themselves: in C, no Python frame per allocation or free
+        self._subscription = hooks.subscribe(feed.shim_alloc, feed.shim_free, on_findings)
         self.connected = True
         return True
 

@@ -15,6 +15,8 @@ import torch
 
 from npu_lifetime import fsdp2
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -26,6 +26,8 @@ from npu_lifetime.handoff.replay import replay
 from npu_lifetime.sanitizer import LifetimeSanitizer
 from npu_lifetime.schedules import compare, delay_stream, execute
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 @pytest.fixture
 def device(sim_shim):

@@ -14,7 +14,7 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, LifetimeWarning, dispatch, native
 from npu_lifetime.sanitizer.hub import on_thread
 
-if native.dispatch is None or native.scan is None or native.frames is None or native.feed is None:
+if native.dispatch is None or native.scan is None or native.frames is None or native.op_feed is None:
     pytest.skip("the sanitizer's native parts are off or not built", allow_module_level=True)
 
 from test_native_parity import STEPS, run_program  # noqa: E402
@@ -115,16 +115,16 @@ def test_the_comparison_sees_a_path_that_drops_writes(monkeypatch):
     real = dispatch._apply_parts
 
     def reads_only(sanitizer):
-        parts = list(real(sanitizer))
-        feed = parts[2]
+        parts = real(sanitizer)
+        feed = parts["feed"]
 
         def dropping(found, *rest):
             for a in found:
                 a.is_write = False
             return feed(found, *rest)
 
-        parts[2] = dropping
-        return tuple(parts)
+        parts["feed"] = dropping
+        return parts
 
     monkeypatch.setattr(dispatch, "_apply_parts", reads_only)
     assert right and _full_reports(program) != right

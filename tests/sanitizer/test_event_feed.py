@@ -1,5 +1,6 @@
-"""The sanitizer's device-event handlers in C (_event_feed.c) against their
-Python bodies (sanitizer.py's on_event_* / on_wait_stream / on_*_sync):
+"""The sanitizer's device-event feed in C (_event_feed.c) against its
+Python reference (feeds.py's EventFeed, which sanitizer.py's on_event_* /
+on_wait_stream / on_*_sync call):
 the same model calls with the same arguments in the same order, on random
 event sequences; the same line named where the host waited, with both
 models; the calling thread made the host; errors raised with the lock
@@ -13,12 +14,20 @@ import pytest
 import torch
 
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import LifetimeSanitizer, native
+from npu_lifetime.sanitizer import LifetimeSanitizer, feeds, native
 
 if native.event_feed is None:
     pytest.skip("the sanitizer's native event feed is off or not built", allow_module_level=True)
 
-HANDLERS = LifetimeSanitizer._NATIVE_EVENT_HANDLERS
+HANDLERS = ("on_event_created", "on_event_deleted", "on_event_record", "on_event_wait", "on_wait_stream",
+            "on_stream_sync", "on_device_sync")
+
+
+def _parts(use_native: bool) -> native.Parts:
+    """The native parts, with the event feed C's or Python's (the rest the same)."""
+    parts = native.native_parts()
+    return parts if use_native else native.Parts("native, event feed python", parts.model, parts.host_lock,
+                                                 parts.op_feed, parts.storage_feed, feeds.EventFeed, parts.dispatch)
 
 
 class _LoggingModel:
@@ -70,14 +79,11 @@ def _plain(value):
 
 
 def _sanitizer(log: list, use_native: bool) -> LifetimeSanitizer:
-    san = LifetimeSanitizer("sim")
+    san = LifetimeSanitizer("sim", parts=_parts(use_native))
     san.model = _LoggingModel(log)
     san._keep = lambda found: found and log.append(("keep", tuple(found)))  # _keep: nothing for no findings
-    for name in HANDLERS:  # the class's Python bodies ...
-        san.__dict__.pop(name, None)
-    if use_native:  # ... or the C handlers over the logging model
-        san._use_native_event_feed()
-        assert all(type(getattr(san, name)).__name__ == "builtin_function_or_method" for name in HANDLERS)
+    san._events = san._make_event_feed()  # over the logging model
+    assert isinstance(san._events, native.event_feed.EventFeed if use_native else feeds.EventFeed)
     return san
 
 
@@ -136,9 +142,7 @@ def _host_wait_reason(monkeypatch, use_native: bool, direct: bool) -> str:
     """The 'why latent' line of a free whose use the host waited past: by
     side.synchronize() (through the sim device's Python), or by calling
     the handler straight from a function of this file (no frame between)."""
-    if not use_native:
-        monkeypatch.setattr(native, "event_feed", None)
-    san = LifetimeSanitizer("sim", on_race="warn", warn_on_free=False)
+    san = LifetimeSanitizer("sim", on_race="warn", warn_on_free=False, parts=_parts(use_native))
 
     def waits_for(side):
         if direct:
@@ -228,7 +232,7 @@ def test_a_failing_model_call_raises_with_the_lock_released():
         raise KeyError("the model failed")
 
     san.model.record_event = broken
-    san._use_native_event_feed()  # looks the model's methods up again
+    san._events = san._make_event_feed()  # looks the model's methods up again
     with pytest.raises(KeyError, match="the model failed"):
         san.on_event_record("e1", (0, 0))
     assert _lock_is_free(san)
@@ -240,7 +244,7 @@ def test_the_handlers_keep_no_reference():
     found = ["a finding"]
     san.model.wait_event = lambda *args: found
     san._keep = lambda f: None
-    san._use_native_event_feed()
+    san._events = san._make_event_feed()
 
     def every_handler(times):
         for _ in range(times):
@@ -266,7 +270,7 @@ def test_a_subclass_handler_stays_the_subclass_s():
 
     san = Counting("sim")
     san.on_event_record("e1", (0, 0))
-    assert san.counted == 1 and type(san.on_event_created).__name__ == "builtin_function_or_method"
+    assert san.counted == 1 and isinstance(san._events, native.event_feed.EventFeed)  # the others reach C
 
 
 @pytest.mark.parametrize("name, args", [("on_event_record", ("e1",)), ("on_event_wait", ("e1", (0, 0), 3)),
@@ -274,7 +278,7 @@ def test_a_subclass_handler_stays_the_subclass_s():
 def test_a_handler_called_with_the_wrong_arguments_says_so(name, args):
     san = _sanitizer([], use_native=True)
     with pytest.raises(TypeError, match=name):
-        getattr(san, name)(*args)
+        getattr(san._events, name)(*args)
 
 
 def test_the_feed_refuses_a_model_without_the_methods_it_calls():

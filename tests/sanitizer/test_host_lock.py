@@ -1,4 +1,4 @@
-"""_host_lock.c's HostLock behaves as sanitizer.py's _HostLock: reentrant,
+"""_host_lock.c's HostLock behaves as feeds.py's HostLock: reentrant,
 and entering it from a thread that is not the model's host calls
 ``_set_host`` (with the lock held); if that fails, the lock is released."""
 import threading
@@ -7,7 +7,7 @@ from _thread import RLock
 import pytest
 
 from npu_lifetime.sanitizer import native
-from npu_lifetime.sanitizer.sanitizer import _HostLock
+from npu_lifetime.sanitizer.feeds import HostLock as PythonHostLock
 
 KINDS = ["python"] + (["native"] if native.host_lock is not None else [])
 
@@ -26,7 +26,7 @@ class Owner:
 
 
 def make(kind: str, owner: Owner):
-    return native.host_lock.HostLock(RLock(), owner) if kind == "native" else _HostLock(owner)
+    return native.host_lock.HostLock(RLock(), owner) if kind == "native" else PythonHostLock(RLock(), owner)
 
 
 @pytest.mark.parametrize("kind", KINDS)

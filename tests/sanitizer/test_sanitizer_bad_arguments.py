@@ -13,6 +13,9 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.collecting import sanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
+
 
 @pytest.mark.parametrize("call", [
     lambda s: s.report("abc"), lambda s: s.report([object()]), lambda s: s.to_json([1]),

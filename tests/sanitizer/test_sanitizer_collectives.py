@@ -16,7 +16,8 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 from npu_lifetime.sanitizer.accesses import op_accesses
 from helpers.stream_devices import used_on_side
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
+              pytest.mark.usefixtures("both_ways")]  # conftest.py: C parts, then Python's
 
 
 @pytest.fixture

@@ -14,9 +14,11 @@ import pytest
 
 from npu_lifetime.cli import main
 from npu_lifetime.lifetime import ReuseOutcome, UncoveredFree
-from npu_lifetime.sanitizer.reporting import GroupInfo, Policy
+from npu_lifetime.sanitizer.finding_policy import GroupInfo, Policy
 from npu_lifetime.sanitizer.suppressions import Suppressions, SuppressionsError
 from helpers.scripts import write_script
+
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,6 +9,8 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.recording import record_use
 from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, declare_access
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 def _raw_write_then_free(san_options, record):
     side = sd.Stream()

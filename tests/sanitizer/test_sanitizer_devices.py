@@ -14,7 +14,8 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.stream_devices import DEVICES, used_on_side
 from helpers.collecting import sanitizer
 
-pytestmark = pytest.mark.parametrize("dev", DEVICES)
+pytestmark = [pytest.mark.parametrize("dev", DEVICES),
+              pytest.mark.usefixtures("both_ways")]  # conftest.py: C parts, then Python's
 
 
 def read_back_then_write(dev, read_back):

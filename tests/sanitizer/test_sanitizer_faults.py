@@ -19,6 +19,9 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.stream_devices import used_on_side
 from helpers.collecting import kinds, sanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
+
 
 # -- a custom op that reads its input, then synchronises the host with the
 # current stream, as CUDA's .item() / nonzero() / blocking copies do inside

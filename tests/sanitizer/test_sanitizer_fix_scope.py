@@ -6,10 +6,13 @@ Out of scope, a fix says ``<buf>`` / ``<s>`` and a note defines each."""
 import gc
 import re
 
+import pytest
 import torch
 
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import LifetimeSanitizer, naming
+from npu_lifetime.sanitizer import LifetimeSanitizer, user_names
+
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
 
 def make():
@@ -74,12 +77,12 @@ def test_a_module_level_name_is_in_scope_in_the_modules_functions():
     a function's local is in scope in that function only."""
     module = compile("x = 1\n", "prog.py", "exec")
     other_file = compile("x = 1\n", "other.py", "exec")
-    assert naming.in_scope(_Site(module), _Site(step.__code__)) is False  # another file
+    assert user_names.in_scope(_Site(module), _Site(step.__code__)) is False  # another file
     here = compile("x = 1\n", step.__code__.co_filename, "exec")
-    assert naming.in_scope(_Site(here), _Site(step.__code__))
-    assert not naming.in_scope(_Site(make.__code__), _Site(step.__code__))
-    assert naming.in_scope(_Site(step.__code__), _Site(step.__code__))
-    assert naming.in_scope(_Site(other_file), None)  # no paste site known: the name stays
+    assert user_names.in_scope(_Site(here), _Site(step.__code__))
+    assert not user_names.in_scope(_Site(make.__code__), _Site(step.__code__))
+    assert user_names.in_scope(_Site(step.__code__), _Site(step.__code__))
+    assert user_names.in_scope(_Site(other_file), None)  # no paste site known: the name stays
 
 
 def test_a_fix_that_calls_npu_lifetime_says_to_import_it_where_the_script_does_not(tmp_path):

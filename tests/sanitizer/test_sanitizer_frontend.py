@@ -17,6 +17,8 @@ from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, LifetimeWar
 from npu_lifetime.sanitizer.accesses import op_accesses, plan, written_storages
 from helpers.stream_devices import used_on_side
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 aten = torch.ops.aten
 
 

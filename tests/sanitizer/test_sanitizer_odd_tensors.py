@@ -13,6 +13,9 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime import storage_holders
 from helpers.collecting import distinct_kinds, sanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
+
 
 def failing(san):
     """The kinds of the findings that fail the check (a storage still alive at the end does not)."""

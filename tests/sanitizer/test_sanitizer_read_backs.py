@@ -14,6 +14,9 @@ import torch
 from npu_lifetime import simdevice as sd
 from helpers.collecting import distinct_kinds, sanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
+
 
 READ_BACKS = {
     "cpu": lambda t: t.cpu(),

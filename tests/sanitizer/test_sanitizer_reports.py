@@ -6,10 +6,13 @@ import json
 import textwrap
 import types
 
+import pytest
 from npu_lifetime.cli import main
-from npu_lifetime.sanitizer.naming import Names, stream_names
+from npu_lifetime.sanitizer.user_names import Names, stream_names
 from helpers.pasted_fixes import suggested_fixes
 from helpers.scripts import forgotten_handoff, write_script
+
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
 
 
@@ -223,7 +226,7 @@ def test_storages_at_one_address_in_turn_are_named_once_with_their_count():
     # storage 0x4a26e40c00 ...; storage 0x4a26e40c00 ..." (the allocator
     # handing one block out again)
     from npu_lifetime.sanitizer.report import _storages
-    from npu_lifetime.sanitizer.reporting import GroupInfo
+    from npu_lifetime.sanitizer.finding_policy import GroupInfo
 
     def finding(address):
         return types.SimpleNamespace(address=address, alloc_site=None)

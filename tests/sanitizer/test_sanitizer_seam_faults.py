@@ -17,6 +17,8 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import DataRaceError, LifetimeSanitizer, dispatch, native
 from npu_lifetime.sanitizer.backends import SimBackend
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 class Boom(Exception):
     pass
@@ -109,10 +111,9 @@ def _check(raised, unraisable, hits):
 @pytest.mark.parametrize("name", MODEL_METHODS)
 def test_a_model_method_that_raises_reaches_the_program(monkeypatch, name):
     hits = _Hits()
-    real_class = native.model_class()
-    monkeypatch.setattr(native, "model_class",
-                        lambda: (lambda *a, **k: _FaultyModel(real_class(*a, **k), name, hits)))
-    raised, unraisable = _run_collecting(lambda: LifetimeSanitizer("sim", warn_on_free=False))
+    parts = native.default()
+    faulty = parts.replace(model=lambda *a, **k: _FaultyModel(parts.model(*a, **k), name, hits))
+    raised, unraisable = _run_collecting(lambda: LifetimeSanitizer("sim", warn_on_free=False, parts=faulty))
     _check(raised, unraisable, hits)
 
 

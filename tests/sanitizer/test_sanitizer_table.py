@@ -12,7 +12,8 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 
 from helpers.stream_devices import DEVICES
 
-pytestmark = pytest.mark.parametrize("dev", DEVICES)
+pytestmark = [pytest.mark.parametrize("dev", DEVICES),
+              pytest.mark.usefixtures("both_ways")]  # conftest.py: C parts, then Python's
 
 
 def run(dev, body):

@@ -15,6 +15,8 @@ from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, threads
 from helpers.stream_devices import used_on_side
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
 
 def sanitizer():
     return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
@@ -65,10 +67,10 @@ def test_a_thread_started_after_enable_is_followed():
     assert kinds(san) == EXPECTED
 
 
-@pytest.mark.skipif(not threads.following_running_threads(),
-                    reason="threads already running are followed by _threads.c (CPython 3.11/3.12) or "
-                           "sys._setprofileallthreads (3.12+); the pure-Python sanitizer on 3.11 has neither")
 def test_a_thread_running_before_enable_is_followed():
+    if not threads.following_running_threads():  # asked at run time: both_ways turns _threads.c off
+        pytest.skip("threads already running are followed by _threads.c (CPython 3.11/3.12) or "
+                    "sys._setprofileallthreads (3.12+); the pure-Python sanitizer on 3.11 has neither")
     thread, go, done = waiting_worker()
     thread.start()  # before the sanitizer exists
     with sanitizer() as san:
@@ -85,8 +87,9 @@ def test_a_thread_pool_is_followed():
     assert kinds(san) == EXPECTED
 
 
-@pytest.mark.skipif(not threads.following_running_threads(), reason="see test_a_thread_running_before_enable")
 def test_a_pool_made_before_enable_is_followed():
+    if not threads.following_running_threads():
+        pytest.skip("see test_a_thread_running_before_enable")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     pool.submit(lambda: None).result()  # its worker thread runs, idle, before the sanitizer exists
     try:

@@ -14,6 +14,9 @@ from helpers.scripts import write_script
 from helpers.stream_devices import used_on_side
 from helpers.collecting import kinds, sanitizer
 
+pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
+
+
 
 # -- waits on events never recorded -------------------------------------------------------------------------------
 def test_waiting_on_an_event_never_recorded_is_a_no_op_not_a_finding():

@@ -37,10 +37,8 @@ def run_program(seed: int, use_native: bool) -> list:
     three streams; the findings as comparable text."""
     rng = random.Random(seed)
     tensors = [torch.ones(16) for _ in range(4)]  # made before the sanitizer: the trace allocates them
-    san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-    if not use_native:
-        san._storage_feed = None
-        del san._trace_alloc, san._trace_free  # the class's Python methods
+    parts = native.native_parts() if use_native else native.python_parts()
+    san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False, parts=parts)
     with san:
         allocated, freed = _subscribers(san, use_native)
         streams = [sd.default_stream(), sd.Stream(), sd.Stream()]
@@ -87,6 +85,7 @@ def test_a_trace_allocation_goes_to_the_model_in_c():
     t = torch.ones(8)
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
     san.on_trace_alloc = san.on_trace_free = None  # the Python entries would fail if called
+    san._trace_alloc = san._trace_free = None
     with san:
         allocated, freed = _subscribers(san, True)
         allocated(t.data_ptr())

@@ -74,14 +74,11 @@ def run(make):
 
 
 def model_fault(name):
-    real = native.model_class()
+    parts = native.default()
 
     def make(hits):
-        native.model_class = lambda: (lambda *a, **k: Faulty(real(*a, **k), name, hits))
-        try:
-            return LifetimeSanitizer("npu", warn_on_free=False)
-        finally:
-            native.model_class = lambda: real
+        faulty = parts.replace(model=lambda *a, **k: Faulty(parts.model(*a, **k), name, hits))
+        return LifetimeSanitizer("npu", warn_on_free=False, parts=faulty)
 
     return make
 

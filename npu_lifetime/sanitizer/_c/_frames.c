@@ -13,7 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <frameobject.h>
 #include <structmember.h>
 

@@ -17,7 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 
 static PyObject *str_storage, *str_accessed, *str_is_write, *str_names, *str_tensor, *str_untyped_storage,
     *str_nbytes;
@@ -117,6 +117,9 @@ static int access_one(PyObject *entry, PyObject *sid, PyObject *access, PyObject
     PyObject *names_tuple = PySequence_Tuple(names);
     seam_release(names);
     if (names_tuple == NULL) return -1;
+#ifdef NPL_MUTANT_OP_FEED /* tests/test_sanitizer_seam_mutants.py: every write fed as a read */
+    is_write = 0;
+#endif
     PyObject *args[6] = {sid, stream, is_write ? Py_True : Py_False, op_name, site, names_tuple};
     PyObject *found = PyObject_Vectorcall(access, args, 6, NULL);
     seam_release(names_tuple);
@@ -161,9 +164,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_feed", NULL, -1, methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_op_feed", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__feed(void) {
+PyMODINIT_FUNC PyInit__op_feed(void) {
     str_storage = PyUnicode_InternFromString("storage");
     str_accessed = PyUnicode_InternFromString("accessed");
     str_is_write = PyUnicode_InternFromString("is_write");

@@ -10,7 +10,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <pythread.h>
 
 static PyObject *host_entry_str_host, *host_entry_str_set_host;

@@ -16,7 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <structmember.h>
 
 /* accesses.StorageAccess's base: its slots (access_object.h), so that the

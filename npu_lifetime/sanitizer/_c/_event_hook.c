@@ -14,7 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <stddef.h>
 
 static PyObject *str_sinks, *str_frame, *str_held;

@@ -178,6 +178,10 @@ static PyObject *allocate_at(StorageFeed *f, PyObject *address, PyObject *size, 
 
 /* sid: NULL, or free only if that storage is still the one at address (a watched storage's death). */
 static PyObject *free_at(StorageFeed *f, PyObject *address, PyObject *sid) {
+#ifdef NPL_MUTANT_STORAGE_FEED /* tests/test_sanitizer_seam_mutants.py: a free finds nothing */
+    (void)f, (void)address, (void)sid;
+    return PyList_New(0);
+#endif
     PyObject *site = site_lazy(f);
     if (site == NULL) return NULL;
     PyObject *found = NULL;

@@ -5,10 +5,11 @@
  *
  * Deliver(hub, freeing, device, raw_stream): a subscriber that hands the
  *   address to every sink of the hub (hub.sinks, read at each call):
- *   sink._trace_alloc(address, (device(), int(raw_stream(device())))) for an
- *   allocation; found = sink._trace_free(address) for a free, then
- *   sink._free_found(found) when it found anything.  Hub.direct does the
- *   same in Python.
+ *   sink._storage_feed.trace_alloc(address, (device(), int(raw_stream(device()))))
+ *   for an allocation; found = sink._storage_feed.trace_free(address) for a
+ *   free, then sink._free_found(found) when it found anything (the sink's
+ *   _trace_alloc / _trace_free without their Python frame).  Hub.direct
+ *   does the same in Python.
  * Fire(callback_list, only, fire_callbacks): set as the registry's own
  *   fire_callbacks (an instance attribute, found before the class's method):
  *   calls `only` straight away while it is the one subscriber, else the
@@ -18,10 +19,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <stddef.h>
 
-static PyObject *str_sinks, *str_trace_alloc, *str_trace_free, *str_free_found;
+static PyObject *str_sinks, *str_storage_feed, *str_trace_alloc, *str_trace_free, *str_free_found;
 
 typedef struct {
     PyObject_HEAD
@@ -47,8 +48,10 @@ static int deliver_alloc(Deliver *d, PyObject *sinks, PyObject *address) {
     PyObject *key = current_key(d);
     if (key == NULL) return -1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sinks); i++) {
-        PyObject *args[3] = {PyTuple_GET_ITEM(sinks, i), address, key};
-        PyObject *done = PyObject_VectorcallMethod(str_trace_alloc, args, 3, NULL);
+        PyObject *feed = PyObject_GetAttr(PyTuple_GET_ITEM(sinks, i), str_storage_feed);
+        PyObject *args[3] = {feed, address, key};
+        PyObject *done = feed != NULL ? PyObject_VectorcallMethod(str_trace_alloc, args, 3, NULL) : NULL;
+        seam_release(feed);
         if (done == NULL) {
             seam_release(key);
             return -1;
@@ -61,12 +64,14 @@ static int deliver_alloc(Deliver *d, PyObject *sinks, PyObject *address) {
 
 static int deliver_free(PyObject *sinks, PyObject *address) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sinks); i++) {
-        PyObject *args[2] = {PyTuple_GET_ITEM(sinks, i), address};
-        PyObject *found = PyObject_VectorcallMethod(str_trace_free, args, 2, NULL);
+        PyObject *feed = PyObject_GetAttr(PyTuple_GET_ITEM(sinks, i), str_storage_feed);
+        PyObject *args[2] = {feed, address};
+        PyObject *found = feed != NULL ? PyObject_VectorcallMethod(str_trace_free, args, 2, NULL) : NULL;
+        seam_release(feed);
         if (found == NULL) return -1;
         int any = found != Py_None ? PyObject_IsTrue(found) : 0;
         if (any > 0) {
-            PyObject *report[2] = {args[0], found};
+            PyObject *report[2] = {PyTuple_GET_ITEM(sinks, i), found};
             PyObject *done = PyObject_VectorcallMethod(str_free_found, report, 2, NULL);
             any = done == NULL ? -1 : 0;
             seam_release(done);
@@ -226,10 +231,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_trace_hook", NULL, 
 
 PyMODINIT_FUNC PyInit__trace_hook(void) {
     str_sinks = PyUnicode_InternFromString("sinks");
-    str_trace_alloc = PyUnicode_InternFromString("_trace_alloc");
-    str_trace_free = PyUnicode_InternFromString("_trace_free");
+    str_storage_feed = PyUnicode_InternFromString("_storage_feed");
+    str_trace_alloc = PyUnicode_InternFromString("trace_alloc");
+    str_trace_free = PyUnicode_InternFromString("trace_free");
     str_free_found = PyUnicode_InternFromString("_free_found");
-    if (!str_sinks || !str_trace_alloc || !str_trace_free || !str_free_found) return NULL;
+    if (!str_sinks || !str_storage_feed || !str_trace_alloc || !str_trace_free || !str_free_found) return NULL;
     if (PyType_Ready(&DeliverType) < 0 || PyType_Ready(&FireType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -88,7 +88,10 @@ static PyObject *m_on_event_record(EventFeed *f, PyObject *const *args, Py_ssize
     if (check_nargs(nargs, 2, "on_event_record(event, key)") < 0 || enter(f) < 0) return NULL;
     PyObject *event = args[0], *key = args[1];
     int failed = PySet_Add(f->known, event) < 0 || call_dropped(f->create_event, &event, 1) < 0 ||
-                 ensure_stream(f, key) < 0 || call_dropped(f->record_event, args, 2) < 0;
+                 ensure_stream(f, key) < 0;
+#ifndef NPL_MUTANT_EVENT_FEED /* tests/test_sanitizer_seam_mutants.py: the record never reaches the model */
+    failed = failed || call_dropped(f->record_event, args, 2) < 0;
+#endif
     return done(f, failed);
 }
 

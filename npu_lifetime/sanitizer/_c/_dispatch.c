@@ -19,7 +19,8 @@
  *   common(state or None)                      whenever the enabled sanitizers change
  *   dispatcher(mode) -> the bound __torch_dispatch__
  *
- * state (dispatch._native_state), a tuple:
+ * state: an OpFeed (this module's type, made by dispatch._native_state with one
+ * keyword argument per field, named as below in lower case: sanitizer, backend, ...):
  *   0 sanitizer, 1 backend, 2 tracked (backend.tracks), 3 op_device(backend, found),
  *   4 before_op hooks, 5 inside_op hooks (tuples of callables), 6 depth (int),
  *   7 capture (_frames.capture), 8 OpFrame, 9 on_thread, 10 replay_held(frame),
@@ -28,7 +29,7 @@
  *   14 plan(func),
  *   15 (record_stream, record_use) ops, 16 guards: ((module dict, name, expected), ...),
  *   17 stream_handle(device) -> handle or None (backend.current_stream(d) is then (d, handle)),
- *   the sanitizer's apply_accesses, inlined: 18 its lock, 19 model.has_stream, 20 _feed.feed,
+ *   the sanitizer's apply_accesses, inlined: 18 its lock, 19 model.has_stream, 20 the op feed (sanitizer._op_feed),
  *   21 storages.live, 22 storages.sizeless, 23 _first_sight, 24 model.set_size, 25 model.access,
  *   26 _findings.add, 27 _announce_races,
  *   28 binding(func) -> what runs the op (dispatch._op_binding: the op's C++ binding where
@@ -44,7 +45,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include "../seam.h"
+#include "../../seam.h"
 #include <structmember.h>
 
 enum {
@@ -60,7 +61,70 @@ enum { P_FUNC, P_KIND, P_PLAN, P_ARGUMENTS, P_BY_NAME, P_FRESH_RETURNS, P_WRITTE
 enum { KIND_BODY, KIND_NO_DATA, KIND_COMMON };
 
 static PyObject *dispatch_body, *dispatch_wrapped, *set_eval_frame;
-static PyObject *common_state; /* a state tuple, or NULL: every op to the body */
+/* OpFeed(**fields): what the common op's path reads, one field per S_ index, each given by name. */
+#define OP_FEED_FIELDS(X)                                                                                     \
+    X(sanitizer) X(backend) X(tracked) X(op_device) X(before_op) X(inside_op) X(depth) X(capture) X(op_frame)   \
+        X(on_thread) X(replay_held) X(feed_held) X(written_storages) X(scan_op) X(plan) X(lifetime_ops) X(guards) \
+            X(stream_handle) X(lock) X(has_stream) X(feed) X(live) X(sizeless) X(first_sight) X(set_size)        \
+                X(access) X(findings_add) X(announce) X(binding) X(forwarder)
+#define FIELD_NAME(name) #name,
+static const char *const op_feed_names[] = {OP_FEED_FIELDS(FIELD_NAME) NULL};
+#undef FIELD_NAME
+_Static_assert(sizeof(op_feed_names) / sizeof(*op_feed_names) == S_SIZE + 1, "one OpFeed field per S_ index");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *items[S_SIZE];
+} OpFeed;
+
+#define ST(state, index) (((OpFeed *)(state))->items[index])
+
+static int op_feed_init(OpFeed *f, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) != 0 || kwds == NULL || PyDict_GET_SIZE(kwds) != S_SIZE) {
+        PyErr_Format(PyExc_TypeError, "OpFeed takes its %d fields as keyword arguments (dispatch._native_state)",
+                     (int)S_SIZE);
+        return -1;
+    }
+    for (int i = 0; i < S_SIZE; i++) {
+        PyObject *value = PyDict_GetItemString(kwds, op_feed_names[i]);
+        if (value == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "OpFeed: missing field %s", op_feed_names[i]);
+            return -1;
+        }
+        Py_XSETREF(f->items[i], Py_NewRef(value));
+    }
+    return 0;
+}
+
+static int op_feed_traverse(OpFeed *f, visitproc visit, void *arg) {
+    for (int i = 0; i < S_SIZE; i++) Py_VISIT(f->items[i]);
+    return 0;
+}
+
+static int op_feed_clear(OpFeed *f) {
+    for (int i = 0; i < S_SIZE; i++) Py_CLEAR(f->items[i]);
+    return 0;
+}
+
+static void op_feed_dealloc(OpFeed *f) {
+    PyObject_GC_UnTrack(f);
+    op_feed_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyTypeObject OpFeedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "npu_lifetime.sanitizer._dispatch.OpFeed",
+    .tp_basicsize = sizeof(OpFeed),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "OpFeed(**fields): what the common op's path reads (dispatch._native_state names each field).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)op_feed_init,
+    .tp_traverse = (traverseproc)op_feed_traverse,
+    .tp_clear = (inquiry)op_feed_clear,
+    .tp_dealloc = (destructor)op_feed_dealloc,
+};
+
+static PyObject *common_state; /* an OpFeed, or NULL: every op to the body */
 static PyObject *plan_entries; /* {id(func): entry} */
 static PyObject *str_frame, *str_held, *str_site, *str_device_index, *str_current_stream, *str_apply_accesses,
     *str_touches_data, *str_resizes, *str_collective, *str_training, *str_arguments, *str_by_name,
@@ -164,7 +228,7 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
         return entry;
     }
     if (PyErr_Occurred()) goto fail;
-    PyObject *plan = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_PLAN), func);
+    PyObject *plan = PyObject_CallOneArg(ST(state, S_PLAN), func);
     if (plan == NULL) goto fail;
     int touches = flag(plan, str_touches_data), resizes = flag(plan, str_resizes),
         collective = flag(plan, str_collective), allocates_only = flag(plan, str_allocates_only),
@@ -176,7 +240,7 @@ static PyObject *plan_entry(PyObject *state, PyObject *func) {
     entry = NULL;
     if (touches >= 0 && resizes >= 0 && collective >= 0 && allocates_only >= 0 && writes >= 0 && training &&
         arguments && by_name && fresh && name &&
-        (call = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_BINDING), func)) != NULL) {
+        (call = PyObject_CallOneArg(ST(state, S_BINDING), func)) != NULL) {
         long kind = (resizes || collective || training != Py_None) ? KIND_BODY : touches ? KIND_COMMON : KIND_NO_DATA;
         entry = Py_BuildValue("(OlOOOOOOOO)", func, kind, plan, arguments, by_name, fresh,
                               allocates_only ? Py_False : Py_True, writes ? Py_True : Py_False, name, call);
@@ -206,7 +270,7 @@ static PyObject *op_call(PyObject *state, PyObject *entry, PyObject *func) {
     PyObject *call = PyTuple_GET_ITEM(entry, P_CALL);
     if (call == func) return func;
     PyObject *now = PyObject_GetAttr((PyObject *)Py_TYPE(func), str_call);
-    int same = now != NULL && now == PyTuple_GET_ITEM(state, S_FORWARDER);
+    int same = now != NULL && now == ST(state, S_FORWARDER);
     seam_release(now);
     PyErr_Clear();
     return same ? call : func;
@@ -226,7 +290,7 @@ static int call_each(PyObject *hooks, PyObject *const *args, size_t nargs) {
  * are replayed (what the op did issue still happened) and the error stays. */
 static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObject *call, PyObject *args,
                         PyObject *kwargs) {
-    PyObject *on_thread = PyTuple_GET_ITEM(state, S_ON_THREAD);
+    PyObject *on_thread = ST(state, S_ON_THREAD);
     PyObject *outer = PyObject_GetAttr(on_thread, str_frame);
     if (outer == NULL) return NULL;
     if (PyObject_SetAttr(on_thread, str_frame, frame) < 0) {
@@ -235,7 +299,7 @@ static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObje
     }
     PyObject *outputs = PyObject_Call(call, args, kwargs);
     PyObject *hook_args[2] = {func, args};
-    if (outputs != NULL && call_each(PyTuple_GET_ITEM(state, S_INSIDE), hook_args, 2) < 0) SEAM_CLEAR(outputs);
+    if (outputs != NULL && call_each(ST(state, S_INSIDE), hook_args, 2) < 0) SEAM_CLEAR(outputs);
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     int restored = PyObject_SetAttr(on_thread, str_frame, outer);
@@ -248,7 +312,7 @@ static PyObject *run_op(PyObject *state, PyObject *frame, PyObject *func, PyObje
         return NULL;
     }
     if (outputs == NULL) {
-        PyObject *replayed = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_REPLAY_HELD), frame);
+        PyObject *replayed = PyObject_CallOneArg(ST(state, S_REPLAY_HELD), frame);
         if (replayed == NULL) { /* raised while handling the op's error: that one becomes its context */
             PyObject *t2, *v2, *tb2;
             PyErr_Fetch(&t2, &v2, &tb2); /* first: normalizing with an error set would lose both */
@@ -285,8 +349,8 @@ static PyObject *op_device(PyObject *state, PyObject *found) {
         seam_release(other);
         if (same == 0) {
             seam_release(device);
-            PyObject *call[2] = {PyTuple_GET_ITEM(state, S_BACKEND), found};
-            return PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_OP_DEVICE), call, 2, NULL);
+            PyObject *call[2] = {ST(state, S_BACKEND), found};
+            return PyObject_Vectorcall(ST(state, S_OP_DEVICE), call, 2, NULL);
         }
         if (same < 0) SEAM_CLEAR(device);
     }
@@ -296,9 +360,9 @@ static PyObject *op_device(PyObject *state, PyObject *found) {
 /* backend.current_stream(device), as (device, handle) where the backend
  * has a stream_handle, else by calling it. */
 static PyObject *current_stream(PyObject *state, PyObject *device) {
-    PyObject *handle_of = PyTuple_GET_ITEM(state, S_STREAM_HANDLE);
+    PyObject *handle_of = ST(state, S_STREAM_HANDLE);
     if (handle_of == Py_None) {
-        PyObject *call[2] = {PyTuple_GET_ITEM(state, S_BACKEND), device};
+        PyObject *call[2] = {ST(state, S_BACKEND), device};
         return PyObject_VectorcallMethod(str_current_stream, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
     PyObject *handle = PyObject_CallOneArg(handle_of, device);
@@ -313,21 +377,21 @@ static PyObject *current_stream(PyObject *state, PyObject *device) {
  * then the error to raise for new races, or None.  A stream the model does
  * not know yet goes through the method itself (it registers the stream). */
 static PyObject *apply_accesses(PyObject *state, PyObject *stream, PyObject *found, PyObject *site, PyObject *name) {
-    PyObject *lock = PyTuple_GET_ITEM(state, S_LOCK);
+    PyObject *lock = ST(state, S_LOCK);
     PyObject *entered = PyObject_CallMethodNoArgs(lock, str_enter);
     if (entered == NULL) return NULL;
     seam_release(entered);
-    PyObject *known = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_HAS_STREAM), stream);
+    PyObject *known = PyObject_CallOneArg(ST(state, S_HAS_STREAM), stream);
     int has = known == NULL ? -1 : PyObject_IsTrue(known);
     seam_release(known);
     PyObject *races = NULL, *added = NULL;
     if (has > 0) {
-        PyObject *call[10] = {found, PyTuple_GET_ITEM(state, S_LIVE), PyTuple_GET_ITEM(state, S_SIZELESS),
-                              PyTuple_GET_ITEM(state, S_FIRST_SIGHT), PyTuple_GET_ITEM(state, S_SET_SIZE),
-                              PyTuple_GET_ITEM(state, S_ACCESS), stream, stream, name, site};
-        races = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_FEED), call, 10, NULL);
+        PyObject *call[10] = {found, ST(state, S_LIVE), ST(state, S_SIZELESS),
+                              ST(state, S_FIRST_SIGHT), ST(state, S_SET_SIZE),
+                              ST(state, S_ACCESS), stream, stream, name, site};
+        races = PyObject_Vectorcall(ST(state, S_FEED), call, 10, NULL);
         int any = races == NULL ? -1 : PyObject_IsTrue(races);
-        if (any > 0) added = PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_FINDINGS_ADD), races);
+        if (any > 0) added = PyObject_CallOneArg(ST(state, S_FINDINGS_ADD), races);
         else if (any == 0) added = PyTuple_New(0);
     }
     /* the with statement's exit: the error in flight, if any, passed on */
@@ -352,11 +416,11 @@ static PyObject *apply_accesses(PyObject *state, PyObject *stream, PyObject *fou
         return NULL;
     }
     if (has == 0) { /* a new stream */
-        PyObject *call[5] = {PyTuple_GET_ITEM(state, S_SANITIZER), stream, found, site, name};
+        PyObject *call[5] = {ST(state, S_SANITIZER), stream, found, site, name};
         return PyObject_VectorcallMethod(str_apply_accesses, call, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
     int any_new = PyObject_IsTrue(added);
-    PyObject *error = any_new > 0 ? PyObject_CallOneArg(PyTuple_GET_ITEM(state, S_ANNOUNCE), added)
+    PyObject *error = any_new > 0 ? PyObject_CallOneArg(ST(state, S_ANNOUNCE), added)
                                   : any_new == 0 ? Py_NewRef(Py_None) : NULL;
     seam_release(added);
     return error;
@@ -367,11 +431,14 @@ static int feed_accesses(PyObject *state, PyObject *entry, PyObject *frame, PyOb
                          PyObject *outputs, PyObject *written_before) {
     PyObject *scan[9] = {PyTuple_GET_ITEM(entry, P_ARGUMENTS), PyTuple_GET_ITEM(entry, P_BY_NAME),
                          PyTuple_GET_ITEM(entry, P_FRESH_RETURNS), PyTuple_GET_ITEM(entry, P_WRITTEN), args,
-                         kwargs, outputs, PyTuple_GET_ITEM(state, S_TRACKED), written_before};
-    PyObject *found = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_SCAN_OP), scan, 9, NULL);
+                         kwargs, outputs, ST(state, S_TRACKED), written_before};
+    PyObject *found = PyObject_Vectorcall(ST(state, S_SCAN_OP), scan, 9, NULL);
     if (found == NULL) return -1;
     int failed = !PyList_Check(found);
     if (failed) PyErr_SetString(PyExc_TypeError, "_scan.op returned no list");
+#ifdef NPL_MUTANT_DISPATCH /* tests/test_sanitizer_seam_mutants.py: the common op's accesses are dropped */
+    if (!failed) PyList_SetSlice(found, 0, PyList_GET_SIZE(found), NULL);
+#endif
     if (failed || PyList_GET_SIZE(found) == 0) {
         seam_release(found);
         return failed ? -1 : 0;
@@ -392,12 +459,12 @@ static int feed_accesses(PyObject *state, PyObject *entry, PyObject *frame, PyOb
 /* A data-touching op: site, run, then its accesses (or, when it issued
  * device events, the Python feed that puts them in device order). */
 static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyObject *args, PyObject *kwargs) {
-    PyObject *capture_args[2] = {PyTuple_GET_ITEM(state, S_DEPTH), NULL};
+    PyObject *capture_args[2] = {ST(state, S_DEPTH), NULL};
     capture_args[1] = PyLong_FromLong(0);
     if (capture_args[1] == NULL) return NULL;
-    PyObject *site = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_CAPTURE), capture_args, 2, NULL);
+    PyObject *site = PyObject_Vectorcall(ST(state, S_CAPTURE), capture_args, 2, NULL);
     seam_release(capture_args[1]);
-    PyObject *frame_class = PyTuple_GET_ITEM(state, S_OP_FRAME); /* this file's OpFrame: made with no argument parsing */
+    PyObject *frame_class = ST(state, S_OP_FRAME); /* this file's OpFrame: made with no argument parsing */
     PyObject *frame = site == NULL                                  ? NULL
                       : frame_class == (PyObject *)&OpFrameType ? frame_make(&OpFrameType, site)
                                                                   : PyObject_CallOneArg(frame_class, site);
@@ -406,7 +473,7 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
     PyObject *written_before = Py_NewRef(Py_None), *outputs = NULL, *held = NULL;
     if (PyTuple_GET_ITEM(entry, P_WRITES) == Py_True) {
         PyObject *call[3] = {PyTuple_GET_ITEM(entry, P_ARGUMENTS), args, kwargs};
-        Py_SETREF(written_before, PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_WRITTEN_STORAGES), call, 3, NULL));
+        Py_SETREF(written_before, PyObject_Vectorcall(ST(state, S_WRITTEN_STORAGES), call, 3, NULL));
         if (written_before == NULL) goto done;
     }
     outputs = run_op(state, frame, func, op_call(state, entry, func), args, kwargs);
@@ -416,7 +483,7 @@ static PyObject *common_op(PyObject *state, PyObject *entry, PyObject *func, PyO
     int failed;
     if (any_held > 0) {
         PyObject *call[7] = {func, PyTuple_GET_ITEM(entry, P_PLAN), args, kwargs, outputs, frame, written_before};
-        PyObject *error = PyObject_Vectorcall(PyTuple_GET_ITEM(state, S_FEED_HELD), call, 7, NULL);
+        PyObject *error = PyObject_Vectorcall(ST(state, S_FEED_HELD), call, 7, NULL);
         failed = error == NULL || raise_unless_none(error) < 0;
         seam_release(error);
     } else {
@@ -432,8 +499,8 @@ done:
 
 /* The op handled here, or NOT_MINE (decided before the op has any effect). */
 static PyObject *try_op(PyObject *state, PyObject *func, PyObject *args, PyObject *kwargs) {
-    PyObject *lifetime_ops = PyTuple_GET_ITEM(state, S_LIFETIME_OPS);
-    if (!PyTuple_Check(args) || !PyDict_Check(kwargs) || !guards_hold(PyTuple_GET_ITEM(state, S_GUARDS)) ||
+    PyObject *lifetime_ops = ST(state, S_LIFETIME_OPS);
+    if (!PyTuple_Check(args) || !PyDict_Check(kwargs) || !guards_hold(ST(state, S_GUARDS)) ||
         func == PyTuple_GET_ITEM(lifetime_ops, 0) || func == PyTuple_GET_ITEM(lifetime_ops, 1))
         return NOT_MINE;
     PyObject *entry = plan_entry(state, func);
@@ -445,7 +512,7 @@ static PyObject *try_op(PyObject *state, PyObject *func, PyObject *args, PyObjec
     if (kind == KIND_BODY) return NOT_MINE;
     Py_INCREF(entry); /* a plan cache change during the op must not free it */
     PyObject *result = NULL;
-    if (call_each(PyTuple_GET_ITEM(state, S_BEFORE), NULL, 0) == 0)
+    if (call_each(ST(state, S_BEFORE), NULL, 0) == 0)
         result = kind == KIND_NO_DATA ? PyObject_Call(op_call(state, entry, func), args, kwargs)
                                       : common_op(state, entry, func, args, kwargs);
     seam_release(entry);
@@ -508,10 +575,10 @@ static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 static int valid_state(PyObject *state) {
-    if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) != S_SIZE) return 0;
-    PyObject *ops = PyTuple_GET_ITEM(state, S_LIFETIME_OPS), *guards = PyTuple_GET_ITEM(state, S_GUARDS);
-    if (!PyTuple_Check(PyTuple_GET_ITEM(state, S_BEFORE)) || !PyTuple_Check(PyTuple_GET_ITEM(state, S_INSIDE)) ||
-        !PyLong_Check(PyTuple_GET_ITEM(state, S_DEPTH)) || !PyTuple_Check(ops) || PyTuple_GET_SIZE(ops) != 2 ||
+    if (!Py_IS_TYPE(state, &OpFeedType) || ST(state, 0) == NULL) return 0; /* made, and initialised */
+    PyObject *ops = ST(state, S_LIFETIME_OPS), *guards = ST(state, S_GUARDS);
+    if (!PyTuple_Check(ST(state, S_BEFORE)) || !PyTuple_Check(ST(state, S_INSIDE)) ||
+        !PyLong_Check(ST(state, S_DEPTH)) || !PyTuple_Check(ops) || PyTuple_GET_SIZE(ops) != 2 ||
         !PyTuple_Check(guards))
         return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards); i++) {
@@ -525,7 +592,7 @@ static int valid_state(PyObject *state) {
 static PyObject *common(PyObject *self, PyObject *state) {
     (void)self;
     if (state != Py_None && !valid_state(state)) {
-        PyErr_SetString(PyExc_TypeError, "common(state): None or the tuple dispatch._native_state makes");
+        PyErr_SetString(PyExc_TypeError, "common(state): None or the OpFeed dispatch._native_state makes");
         return NULL;
     }
     Py_XSETREF(common_state, state == Py_None ? NULL : Py_NewRef(state));
@@ -564,8 +631,10 @@ PyMODINIT_FUNC PyInit__dispatch(void) {
         !INTERN(str_allocates_only, "allocates_only") || !INTERN(str_writes, "writes") || !INTERN(str_name, "name") ||
         !INTERN(str_enter, "__enter__") || !INTERN(str_exit, "__exit__") || !INTERN(str_call, "__call__"))
         return NULL;
-    if (PyType_Ready(&OpFrameType) < 0) return NULL;
+    if (PyType_Ready(&OpFrameType) < 0 || PyType_Ready(&OpFeedType) < 0) return NULL;
     PyObject *made = PyModule_Create(&module);
-    if (made != NULL && PyModule_AddObjectRef(made, "OpFrame", (PyObject *)&OpFrameType) < 0) SEAM_CLEAR(made);
+    if (made != NULL && (PyModule_AddObjectRef(made, "OpFrame", (PyObject *)&OpFrameType) < 0 ||
+                         PyModule_AddObjectRef(made, "OpFeed", (PyObject *)&OpFeedType) < 0))
+        SEAM_CLEAR(made);
     return made;
 }
