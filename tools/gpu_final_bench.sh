@@ -2,14 +2,16 @@
 # Issues 37, 39 and 41's GPU figures, call 2 of 2, in one command that
 # builds everything, on a quiet machine: cross-stream reuse against torch's
 # allocator and cudaMallocAsync, record_use's cost against a raw event
-# record, the allocation hot path against torch's allocator, and the
-# sanitizer's cost with CSAN in the same run.  Logs under $OUT.
+# record, the allocation hot path against torch's allocator, and (with
+# WITH_SANITIZER=1) the sanitizer's cost with CSAN in the same run.  Logs under $OUT.
 set -u
 source tools/gpu_prologue.sh
 bench() { local name=$1 limit=$2 lines=$3; shift 3; local t=$SECONDS
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"$lines" "$OUT/$name.log"; }
 bench bench_cross_stream 170 16 benchmarks/bench_cross_stream.py --rounds 3 --json "$OUT/cross_stream.json"
-bench bench_record_use 100 16 benchmarks/bench_record_use.py ${RECORD_USE_ARGS:-}
-bench bench_shim_alloc 110 14 benchmarks/bench_shim_alloc.py
-bench bench_sanitizer 150 12 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5
+bench bench_record_use 130 30 benchmarks/bench_record_use.py --device cuda --calls 20000 --rounds 7 \
+  --json "$OUT/record_use.json"
+bench bench_shim_alloc 110 14 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json"
+[ -z "${WITH_SANITIZER:-}" ] ||  # the sanitizer's cost against CSAN (WITH_SANITIZER=1: about 150 s more)
+  bench bench_sanitizer 150 12 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5
 echo "== total $((SECONDS-T0)) s"

@@ -11,8 +11,10 @@ source tools/gpu_prologue.sh
 SKIP_BUILD=1 OUT="$OUT/suites" bash tools/gpu_suites.sh "$suite_limit" > "$OUT/suites.txt" 2>&1 &
 suites=$!
 find_tests() { for name in "$@"; do find tests -name "$name" -not -path "*/upstream/*"; done | sort -u; }
-tests=$(find_tests test_gpu_entry_points.py 'test_gpu_side_by_side*.py' test_gpu_cross_stream.py test_gpu_record_use.py \
-  test_gpu_capture_reuse.py test_gpu_shim.py 'test_gpu_sanitizer_default_raise.py' 'test_record_use_entry*.py')
+tests=$(find_tests 'test_gpu_side_by_side*.py' test_gpu_cross_stream.py test_gpu_record_use.py test_record_use_entry_gpu.py \
+  test_gpu_shim.py test_gpu_sanitizer_default_raise.py)
+tests="$tests $(find_tests test_gpu_entry_points.py)::test_memory_history_entries_match_torchs_one_for_one"
+tests="$tests $(find_tests test_gpu_entry_points.py)::test_cache_info_follows_torchs_rule"
 timeout "$test_limit" python3 -m pytest -q -rfEs -p no:cacheprovider $tests > "$OUT/gpu_tests.log" 2>&1
 echo "== GPU tests rc=$? $((SECONDS-T0)) s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20; tail -1 "$OUT/gpu_tests.log"
 wait $suites
