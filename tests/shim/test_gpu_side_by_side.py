@@ -232,7 +232,8 @@ def test_both_allocators_ran_as_installed(answers):
         assert "error" not in answers[allocator]["setup"], answers[allocator]["setup"]["error"]
     assert answers["shim"]["setup"]["backend"] == "npu_lifetime"
     assert answers["native"]["setup"]["backend"] != "npu_lifetime"
-    assert answers["shim"]["findings"] == []
+    # the rows' deliberate out-of-memory errors are the shim's only findings
+    assert {f["kind"] for f in answers["shim"]["findings"]} <= {"out_of_memory"}, answers["shim"]["findings"]
     assert answers["shim"]["captures_announced"] is True  # no capture-status query per allocation (D19)
 
 
@@ -241,6 +242,6 @@ def test_both_allocators_ran_as_installed(answers):
 def test_entry_point_answers_as_torchs(row, answers):
     key = key_of(row)
     native, shim = (answers[a].get(key, {"error": f"not run: {answers[a]['setup']}"}) for a in ("native", "shim"))
-    assert "error" not in native, native["error"]
-    assert "error" not in shim, shim["error"]
+    assert native.get("error") is None, native["error"]
+    assert shim.get("error") is None, shim["error"]
     COMPARE[key](native, shim)

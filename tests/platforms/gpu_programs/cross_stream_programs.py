@@ -20,8 +20,8 @@ def busy_donor(mode: str) -> dict:
     shim.set_cross_stream_reuse(mode)
     donor, taker, later = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
     with torch.cuda.stream(donor):
+        x = torch.empty(N, device="cuda")  # first: a new segment's cudaMalloc may wait for the device
         torch.cuda._sleep(200_000_000)  # the donor is busy (about 0.1 s) when the taker allocates
-        x = torch.empty(N, device="cuda")
         x.fill_(1.0)  # queued behind the sleep: lands late
         freed = x.data_ptr()
         del x
