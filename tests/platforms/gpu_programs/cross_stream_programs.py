@@ -19,6 +19,10 @@ def busy_donor(mode: str) -> dict:
     npu_lifetime.install("cuda")
     shim.set_cross_stream_reuse(mode)
     donor, taker, later = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    # each kernel's first launch may load it lazily and wait for the device: launch them once first
+    torch.cuda._sleep(1)
+    torch.empty(16, device="cuda").fill_(1.0)
+    torch.cuda.synchronize()
     with torch.cuda.stream(donor):
         x = torch.empty(N, device="cuda")  # first: a new segment's cudaMalloc may wait for the device
         torch.cuda._sleep(200_000_000)  # the donor is busy (about 0.1 s) when the taker allocates
