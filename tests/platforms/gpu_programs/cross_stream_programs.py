@@ -39,11 +39,12 @@ def busy_donor(mode: str) -> dict:
     taken_by_y = busy_take["same_address"]
     del y
     torch.cuda.synchronize()  # every stream idle now
+    before = shim.stats()  # (y == 2) above allocated too, on the current stream: counted from here
     with torch.cuda.stream(later):
         z = torch.empty(N, device="cuda")
         z.fill_(3.0)
-    idle_take = {"moved": shim.stats()["cross_stream_segments"] - busy_take["moved"],
-                 "waits": shim.stats()["stream_waits"] - busy_take["waits"]}
+    idle_take = {"moved": shim.stats()["cross_stream_segments"] - before["cross_stream_segments"],
+                 "waits": shim.stats()["stream_waits"] - before["stream_waits"]}
     torch.cuda.synchronize()
     return {"mode": shim.cross_stream_reuse(), "busy_take": busy_take, "y_ok": y_ok, "taken_by_y": taken_by_y,
             "idle_take": idle_take, "z_ok": bool((z == 3).all().item()), "findings": shim.findings()}
