@@ -24,6 +24,8 @@ MUTANTS = [
     ("_dispatch", "NPL_MUTANT_DISPATCH", "tests/sanitizer/test_sanitizer_verdicts.py"),
     ("_storage_feed", "NPL_MUTANT_STORAGE_FEED", "tests/sanitizer/test_sanitizer_verdicts.py"),
     ("_event_feed", "NPL_MUTANT_EVENT_FEED", "tests/sanitizer/test_sanitizer_verdicts.py"),
+    ("_scan", "NPL_MUTANT_SCAN", "tests/sanitizer/test_sanitizer_verdicts.py"),
+    ("_frames", "NPL_MUTANT_FRAMES", "tests/sanitizer/test_sanitizer_reports.py"),
     # the threads suite does not catch this one (the feeds take the host themselves): the lock's own both-ways test
     ("_host_lock", "NPL_MUTANT_HOST_LOCK", "tests/sanitizer/test_host_lock.py"),
 ]
