@@ -35,10 +35,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from helpers.shim_testing import invariant_violations  # noqa: E402  (the test-only checker's binding)
 from npu_lifetime import shim  # noqa: E402
-from npu_lifetime.shim.libnpl import library, take_string  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = (512, 4 * KIB, 100 * KIB, 1 * MIB, 3 * MIB, 4 * MIB)
@@ -62,13 +63,6 @@ class Owner:
 
 class Failure(Exception):
     pass
-
-
-def _invariant_checker():
-    """npl_check_invariants (a test-only entry point): the broken invariants as a JSON list."""
-    check = library().npl_check_invariants
-    check.restype, check.argtypes = ctypes.c_void_p, []
-    return check
 
 
 class Program:
@@ -185,7 +179,7 @@ class Program:
 
     # -- the checks ----------------------------------------------------------
     def check_invariants(self, step: int) -> None:
-        broken = json.loads(take_string(_invariant_checker()()))
+        broken = invariant_violations()
         if broken:
             raise Failure(f"after step {step}: allocator invariants broken: {broken[:3]}")
         illegal = shim.sim.illegal_accesses() - self.illegal_before
