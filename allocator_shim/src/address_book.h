@@ -44,19 +44,20 @@ class AddressBook {
         a.key = b->ptr;
         a.live = b;
         b->generation = ++a.generation;
+        last_allocated_ = &a;
     }
     Block* live(const void* ptr) const {
-        auto it = map_.find(const_cast<void*>(ptr));
-        return it == map_.end() ? nullptr : it->second.live;
+        const Address* a = find(ptr);
+        return a == nullptr ? nullptr : a->live;
     }
     const Address* find(const void* ptr) const {
+        // most frees are of the address allocated last (a cached pair): no hash then (a bucket
+        // index costs a 64-bit division, a third of a pair's time on the C benchmark)
+        if (last_allocated_ != nullptr && last_allocated_->key == ptr) return last_allocated_;
         auto it = map_.find(const_cast<void*>(ptr));
         return it == map_.end() ? nullptr : &it->second;
     }
-    Address* find(const void* ptr) {
-        auto it = map_.find(const_cast<void*>(ptr));
-        return it == map_.end() ? nullptr : &it->second;
-    }
+    Address* find(const void* ptr) { return const_cast<Address*>(static_cast<const AddressBook*>(this)->find(ptr)); }
     // `a` is find(b->ptr).
     void on_free(Address* entry, Block* b) {
         Address& a = *entry;
@@ -69,7 +70,7 @@ class AddressBook {
     }
     void clear() {
         map_.clear();
-        oldest_ = newest_ = last_freed_ = nullptr;
+        oldest_ = newest_ = last_freed_ = last_allocated_ = nullptr;
         listed_ = 0;
     }
     size_t size() const { return map_.size(); }
@@ -116,6 +117,7 @@ class AddressBook {
         a->listed = false;
         if (a->live != nullptr) return;
         if (a == last_freed_) last_freed_ = nullptr;
+        if (a == last_allocated_) last_allocated_ = nullptr;
         map_.erase(const_cast<void*>(a->key));  // a freed address: forgotten
     }
 
@@ -124,6 +126,7 @@ class AddressBook {
     Address* newest_ = nullptr;
     size_t listed_ = 0;
     Address* last_freed_ = nullptr;  // the entry on_free saw last (a hint: may be live again), or nullptr
+    Address* last_allocated_ = nullptr;  // the entry on_alloc saw last (a hint: may be freed since), or nullptr
 };
 
 }  // namespace npl

@@ -516,6 +516,45 @@ void release_head(Core* core, Fifo& fifo, uintptr_t handle, std::vector<PyObject
     delete head;
 }
 
+Entry* nth(Entry* e, size_t n) {
+    while (n-- > 0) e = e->next;
+    return e;
+}
+
+// How many of the FIFO's oldest entries have fired.  Events on one stream
+// fire in record order, so the fired entries are a prefix: found with
+// O(log fired) queries (galloping over the 1st, 2nd, 4th, ... entry until
+// one has not fired, then bisecting), where asking head after head costs one
+// query per fired entry and holds the mutex that long.  fired(entry): 1
+// fired, 0 not yet, -1 stop (an error): the prefix known so far is returned
+// and *stopped set.  _holds_py.py's fired_prefix is the same search.
+template <class Fired>
+size_t fired_prefix(const Fifo& fifo, Fired fired, bool* stopped) {
+    size_t known = 0, bound = fifo.size;  // entries [0, known) fired, entry `bound` (if any) has not
+    Entry* first_unknown = fifo.head;
+    bool galloping = true;
+    size_t span = 1;
+    *stopped = false;
+    while (known < bound) {
+        span = galloping ? std::min(span, bound - known) : (bound - known + 1) / 2;
+        Entry* probe = nth(first_unknown, span - 1);
+        int answer = fired(probe);
+        if (answer < 0) {
+            *stopped = true;
+            break;
+        }
+        if (answer > 0) {
+            known += span;
+            first_unknown = probe->next;
+            if (galloping) span *= 2;
+        } else {
+            bound = known + span - 1;
+            galloping = false;
+        }
+    }
+    return known;
+}
+
 PyObject* poll(Table* self, PyObject* stream_capturing) {
     Core* core = self->core;
     Py_ssize_t released = 0;
@@ -533,16 +572,17 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
             if (capturing < 0) return nullptr;
             if (capturing) continue;
         }
-        while (fifo.head != nullptr) {
+        bool failed;
+        size_t fired = fired_prefix(fifo, [&](Entry* e) {
             bump(self, QUERIES);
-            PyObject* answer = PyObject_CallOneArg(self->call[QUERY], fifo.head->event);
-            int fired = answer == nullptr ? -1 : PyObject_IsTrue(answer);
+            PyObject* answer = PyObject_CallOneArg(self->call[QUERY], e->event);
+            int done = answer == nullptr ? -1 : PyObject_IsTrue(answer);
             seam_release(answer);
-            if (fired < 0) return nullptr;
-            if (!fired) break;  // later entries on this stream were recorded after it
-            release_head(core, fifo, handle, drops.refs);
-            released++;
-        }
+            return done;
+        }, &failed);
+        if (failed) return nullptr;  // the exception is set; what fired goes at the next poll
+        for (size_t i = 0; i < fired; i++) release_head(core, fifo, handle, drops.refs);
+        released += static_cast<Py_ssize_t>(fired);
         if (fifo.head == nullptr) {
             drops.refs.push_back(fifo.stream);
             core->fifos.erase(handle);
@@ -564,16 +604,19 @@ Py_ssize_t release_fired_raw(Table* self, Core* core, std::vector<PyObject*>& dr
             ++it;
             continue;
         }
-        while (fifo.head != nullptr) {
+        bool failed;
+        size_t fired = fired_prefix(fifo, [&](Entry* e) {
             bump(self, QUERIES);
-            npl_holds::cudaError err = cu.EventQuery(fifo.head->raw);
-            if (err != npl_holds::kSuccess) {
-                npl_holds::forget(cu, err);
-                if (err != npl_holds::kNotReady && *failure == npl_holds::kSuccess) *failure = err;
-                break;  // later entries on this stream were recorded after it
-            }
-            release_head(core, fifo, it->first, drops);
-            released++;
+            npl_holds::cudaError err = cu.EventQuery(e->raw);
+            if (err == npl_holds::kSuccess) return 1;
+            npl_holds::forget(cu, err);
+            if (err == npl_holds::kNotReady) return 0;
+            if (*failure == npl_holds::kSuccess) *failure = err;
+            return -1;
+        }, &failed);
+        if (!failed) {  // after an error nothing on this stream is released: it stays for the next poll
+            for (size_t i = 0; i < fired; i++) release_head(core, fifo, it->first, drops);
+            released += static_cast<Py_ssize_t>(fired);
         }
         if (fifo.head == nullptr) {
             drops.push_back(fifo.stream);

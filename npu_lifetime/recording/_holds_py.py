@@ -13,6 +13,23 @@ _COUNTS = ("recorded", "events_created", "queries", "released", "on_allocation_s
            "capturing_streams_skipped")
 
 
+def fired_prefix(size: int, fired) -> int:
+    """How many of a stream's ``size`` oldest entries have fired, asking
+    ``fired(i)`` O(log answer) times: events on one stream fire in record
+    order, so the fired entries are a prefix (galloping over the 1st, 2nd,
+    4th, ... entry until one has not fired, then bisecting).  _holds.cpp's
+    fired_prefix is the same search."""
+    known, bound, span, galloping = 0, size, 1, True  # [0, known) fired; entry `bound` (if any) has not
+    while known < bound:
+        span = min(span, bound - known) if galloping else (bound - known + 1) // 2
+        if fired(known + span - 1):
+            known += span
+            span *= 2 if galloping else 1
+        else:
+            bound, galloping = known + span - 1, False
+    return known
+
+
 class Table:
     takes_runtime = False  # NativeFallback passes runtime=None
     uses_runtime = False
@@ -120,18 +137,19 @@ class Table:
                 stream, device = self._stream_of[handle]
                 if stream_capturing is not None and stream_capturing(stream):
                     continue
-                while fifo:
-                    storage, event = next(iter(fifo.items()))
-                    self._counts["queries"] += 1
-                    if not self._query(event):
-                        break  # later entries on this stream were recorded after it
-                    fifo.popitem(last=False)
+                events = list(fifo.values())
+                for _ in range(fired_prefix(len(events), lambda i: self._queried(events[i]))):
+                    storage, event = fifo.popitem(last=False)
                     released.append(storage)
                     self._idle_events.setdefault(device, []).append(event)
                 if not fifo:
                     del self._fifos[handle], self._stream_of[handle]
             self._counts["released"] += len(released)
         return len(released)  # the references go here, outside the lock
+
+    def _queried(self, event) -> bool:
+        self._counts["queries"] += 1
+        return self._query(event)
 
     def held(self) -> int:
         with self._lock:

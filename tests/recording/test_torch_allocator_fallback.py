@@ -167,7 +167,25 @@ def test_a_re_recorded_entry_moves_behind_later_ones(api, fallback):
     assert fallback.reclaim() == 1 and fallback.held() == 1  # b released, a still held
 
 
-def test_reclaiming_costs_what_completed_not_what_is_held(api, fallback):
+def most_queries(fired: int) -> int:
+    """A stream's queries in one poll that finds ``fired`` of its entries
+    fired: galloping then bisecting over the fired prefix."""
+    return 2 * (fired + 1).bit_length() - 1
+
+
+def test_the_fired_prefix_search_finds_every_prefix_within_its_query_bound():
+    """_holds_py.fired_prefix (the reference of _holds.cpp's) on every
+    (size, fired) up to 70: the answer, the bound, and no entry asked twice."""
+    for size in range(71):
+        for fired in range(size + 1):
+            asked = []
+            found = _holds_py.fired_prefix(size, lambda i: asked.append(i) or i < fired)
+            assert found == fired and len(asked) <= most_queries(fired), (size, fired, asked)
+            assert len(set(asked)) == len(asked) and all(0 <= i < size for i in asked)
+
+
+@pytest.mark.parametrize("fired", [0, 1, 10, 999, 1000])
+def test_reclaiming_queries_the_log_of_what_completed_not_what_is_held(api, fallback, fired):
     side, other = FakeStream(2), FakeStream(3)
     held = [torch.ones(1) for _ in range(1000)]
     for t in held:
@@ -177,10 +195,11 @@ def test_reclaiming_costs_what_completed_not_what_is_held(api, fallback):
     fallback.record(torch.ones(1), other)  # a call records and holds: it polls nothing
     assert api.queries == 0
     assert fallback.reclaim() == 0 and api.queries == 2  # nothing completed: one query per stream
-    side.run(10)
+    side.run(fired)
     api.queries = 0
-    assert fallback.reclaim() == 10
-    assert api.queries == 10 + 1 + 1  # ten released, the first unfired on side, the one on other
+    assert fallback.reclaim() == fired and fallback.held() == 1000 - fired + 2  # (+2: the two on other)
+    assert api.queries <= most_queries(fired) + 1  # (+1: the head on other)
+    # asking head after head (one query per fired entry) would cost fired + 2
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

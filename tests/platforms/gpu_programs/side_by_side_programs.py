@@ -102,6 +102,10 @@ def row_fraction_and_record_stream(_):
     torch.cuda.set_per_process_memory_fraction(initial)
     side = torch.cuda.Stream()
     t = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    with torch.cuda.stream(side):  # load both kernels first: with CUDA's lazy loading, a kernel's first launch
+        torch.cuda._sleep(1)       # may wait for the device's running work, and the sleep would be over
+        t.add_(1)
+    side.synchronize()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)
@@ -109,11 +113,12 @@ def row_fraction_and_record_stream(_):
     t.record_stream(side)
     old = t.data_ptr()
     del t
+    side_busy = not side.query()
     again = torch.empty(MiB, dtype=torch.uint8, device="cuda")
     reused_while_busy = again.data_ptr() == old
     torch.cuda.synchronize()
     return {"initial": initial, "fractions": fractions, "zero_refuses": zero_refuses,
-            "reused_while_busy": reused_while_busy}
+            "side_busy": side_busy, "reused_while_busy": reused_while_busy}
 
 
 def row_empty_cache(_):
