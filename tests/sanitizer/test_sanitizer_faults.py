@@ -42,11 +42,7 @@ _lib.impl("read_then_sync", _read_then_sync, "CPU")
 def test_a_host_sync_inside_an_op_comes_after_the_ops_own_reads():
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            torch.ops.npl_fault_test.read_then_sync(x)  # read on side, then the host waits for side
+        x, _side = used_on_side(8, use=torch.ops.npl_fault_test.read_then_sync)  # then the host waits for side
         x.add_(1)  # ordered after the read: the host synchronised with side after it
         del x
         gc.collect()
@@ -59,11 +55,7 @@ def test_a_host_sync_inside_an_op_comes_after_the_ops_own_reads():
 def test_reading_a_value_back_synchronises_like_cuda(readback):
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            readback(x)  # on CUDA: a read on side, then a host sync with side
+        x, _side = used_on_side(8, use=readback)  # on CUDA: a read on side, then a host sync with side
         x.add_(1)
         del x
         gc.collect()
@@ -242,11 +234,7 @@ def test_torch_empty_is_an_allocation_on_the_current_stream():
 def test_in_place_metadata_ops_write_no_data(metadata_op):
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(4, 4)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side((4, 4))
         metadata_op(x)  # no data touched: no race with the read on side
         npu_lifetime.record_use(x, side)
         del x
