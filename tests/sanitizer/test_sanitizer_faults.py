@@ -2,9 +2,6 @@
 simulated device: every test here failed on the front end before the fix
 (see the commit that added it)."""
 import gc
-import os
-import subprocess
-import sys
 import textwrap
 import tracemalloc
 import warnings
@@ -18,6 +15,7 @@ from npu_lifetime.lifetime import DataRace, UncoveredFree
 from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.stream_devices import used_on_side
 from helpers.collecting import kinds, sanitizer
+from helpers.scripts import run_user_tests
 
 pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
@@ -145,7 +143,7 @@ def test_check_of_a_script_with_its_own_sanitizer_block(tmp_path, capsys):
 
 
 def test_marker_tests_under_the_process_sanitizer(tmp_path):
-    (tmp_path / "test_user.py").write_text(textwrap.dedent("""
+    done = run_user_tests(tmp_path, """
         import gc, pytest, torch, npu_lifetime
         from npu_lifetime import simdevice as sd
 
@@ -171,16 +169,7 @@ def test_marker_tests_under_the_process_sanitizer(tmp_path):
         @pytest.mark.lifetime_sanitizer(device="sim")
         def test_three():
             handoff()
-    """))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root, NPU_LIFETIME_SANITIZER="sim")
-    from helpers.scripts import plugin_registered
-
-    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )
+    """, env={"NPU_LIFETIME_SANITIZER": "sim"})
     assert "3 passed" in done.stdout, done.stdout + done.stderr
 
 
