@@ -1,12 +1,9 @@
 """``npu-lifetime check`` exit codes and JSON, and the pytest plugin, on the
 simulated device."""
 import json
-import os
-import subprocess
-import sys
 
 from npu_lifetime.cli import main
-from helpers.scripts import REUSED, forgotten_handoff, plugin_registered, write_script
+from helpers.scripts import REUSED, USER_HANDOFF, forgotten_handoff, run_user_tests, write_script
 
 
 def test_check_fails_on_a_latent_free_and_says_it_is_latent(tmp_path, capsys):
@@ -73,24 +70,13 @@ def test_check_live_storages_are_listed_and_fail_only_when_strict(tmp_path, caps
     assert main(["check", "--device", "sim", "--strict", "--no-live", path]) == 0
 
 
-PLUGIN_TESTS = """
+PLUGIN_TESTS = f"""
 import gc
 import pytest
 import torch
 import npu_lifetime
 from npu_lifetime import simdevice as sd
-
-def handoff(fix):
-    side = sd.Stream()
-    x = torch.ones(32)
-    side.wait_stream(sd.default_stream())
-    with sd.stream(side):
-        x.sum()
-    if fix:
-        npu_lifetime.record_use(x, side)
-    del x
-    gc.collect()
-
+{USER_HANDOFF}
 @pytest.mark.lifetime_sanitizer(device="sim", strict=True)
 def test_buggy():
     handoff(fix=False)
@@ -123,15 +109,7 @@ def test_fixture(lifetime_sanitizer):
 
 
 def test_pytest_plugin_fails_tests_with_findings(tmp_path):
-    (tmp_path / "test_user.py").write_text(PLUGIN_TESTS)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root)
-    # installed, the plugin loads by its entry point; from a bare checkout, by -p
-    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )
+    done = run_user_tests(tmp_path, PLUGIN_TESTS)
     assert "3 failed, 4 passed" in done.stdout, done.stdout + done.stderr
     assert "FAILED test_user.py::test_buggy" in done.stdout and "[uncovered free, latent]" in done.stdout
     assert "FAILED test_user.py::test_latent_fails_by_default" in done.stdout

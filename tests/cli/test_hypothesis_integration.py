@@ -3,11 +3,7 @@ part 5): each example is checked on its own, so a failing input shrinks and
 is printed; the fixture works with ``@given``; marker arguments are
 validated; a device the machine lacks is a skip; the public strategies
 shrink to short schedules."""
-import os
 import random
-import subprocess
-import sys
-import textwrap
 
 import torch
 from hypothesis import HealthCheck, find, settings
@@ -15,28 +11,19 @@ from hypothesis import HealthCheck, find, settings
 from npu_lifetime.lifetime import LifetimeModel, ReuseRace
 from npu_lifetime.schedules import feed
 from npu_lifetime.strategies import schedules
+from helpers.scripts import USER_HANDOFF, run_user_tests
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-USER_TESTS = """
+USER_TESTS = f"""
 import gc
 import pytest
 import torch
 import npu_lifetime
 from hypothesis import given, settings, strategies as st
 from npu_lifetime import simdevice as sd
-
+{USER_HANDOFF}
 
 def hand_off(n):
-    side = sd.Stream()
-    x = torch.ones(4)
-    side.wait_stream(sd.default_stream())
-    with sd.stream(side):
-        x.sum()
-    if n < 37:  # the hand-off is forgotten only from 37 on
-        npu_lifetime.record_use(x, side)
-    del x
-    gc.collect()
+    handoff(fix=n < 37)  # the hand-off is forgotten only from 37 on
 
 
 @pytest.mark.lifetime_sanitizer(device="sim")
@@ -64,15 +51,8 @@ def test_needs_cuda():
 """
 
 
-def run_pytest(tmp_path, *args):
-    from helpers.scripts import plugin_registered
-
-    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
-    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *load,
-                           "test_user.py", *args], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=600)
+def run_pytest(tmp_path):
+    return run_user_tests(tmp_path, USER_TESTS, "-rfEs")
 
 
 def test_plugin_checks_each_example_so_hypothesis_shrinks_and_prints_it(tmp_path):

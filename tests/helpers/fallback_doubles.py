@@ -2,7 +2,9 @@
 (test_torch_allocator_fallback.py's FakeAPI, test_torch_allocator_fallback_cudart.py's
 RawAPI): a stream is its ``handle`` and ``device_index``; the calling
 thread's capture state is ``capturing``; record_stream calls, out-of-memory
-observers and the allocator's segments are kept for the test to read."""
+observers and the allocator's segments are kept for the test to read; and
+the drill both files run: threads recording at once."""
+import threading
 
 
 class DeviceAPIDouble:
@@ -35,3 +37,26 @@ class DeviceAPIDouble:
 
     def segment_version(self, device: int):
         return self.version
+
+
+def record_from_threads(fallback, tensors, streams, after_call=lambda i: None, threads: int = 4,
+                        calls: int = 300) -> list:
+    """THREADS threads each make CALLS ``fallback.record`` calls, each over
+    its own walk of TENSORS and STREAMS (AFTER_CALL(i) after its i-th);
+    the exceptions they raised."""
+    errors = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(calls):
+                fallback.record(tensors[(seed + i) % len(tensors)], streams[(seed * 7 + i) % len(streams)])
+                after_call(i)
+        except BaseException as err:  # noqa: BLE001 - returned to the test
+            errors.append(err)
+
+    workers = [threading.Thread(target=work, args=(seed,)) for seed in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return errors

@@ -15,6 +15,8 @@ PROGRAMS = Path(__file__).resolve().parents[1] / "platforms" / "gpu_programs"
 
 
 def run_program(script: str, *args: str, timeout: float = 300) -> dict:
+    """The JSON object that gpu_programs/SCRIPT (or SCRIPT, an absolute path)
+    printed last, run with ARGS in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     done = subprocess.run(
         [sys.executable, str(PROGRAMS / script), *args],

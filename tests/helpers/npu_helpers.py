@@ -70,8 +70,9 @@ def npu_environment(env=None) -> dict:
 
 
 def run_npu_program(name: str, *args: str, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run tests/platforms/npu_programs/NAME with ARGS in the torch_npu interpreter on
-    the stand-in runtime; ENV adds or overrides variables."""
+    """Run tests/platforms/npu_programs/NAME (or NAME, an absolute path) with
+    ARGS in the torch_npu interpreter on the stand-in runtime; ENV adds or
+    overrides variables."""
     python = require_npu_python()
     return subprocess.run([python, str(PROGRAMS / name), *args], capture_output=True, text=True,
                           timeout=timeout, env=npu_environment(env), cwd=str(REPO))

@@ -1,9 +1,15 @@
 """User scripts the command-line tests run, written to a file: the simulated
 device's forgotten hand-off (the README's first example, the bug most
-tests check for) and the writer every such test shares."""
+tests check for) and the writer every such test shares; and user test
+files, run by pytest with the plugin."""
+import os
+import subprocess
+import sys
 import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 _FORGOTTEN_HANDOFF = textwrap.dedent("""
     import torch
@@ -81,6 +87,33 @@ z = from_pool(512)  # a new owner of half that memory, on the default stream
 z.fill_(7.0)  # not ordered after the read on side: the corruption itself
 print("reused", z.data_ptr() == address)
 """
+
+
+# A user test file's hand-off (it imports gc, torch, npu_lifetime and simdevice as sd):
+# x read on a side stream, then freed, with the record_use only if FIX.
+USER_HANDOFF = textwrap.dedent("""
+    def handoff(fix):
+        side = sd.Stream()
+        x = torch.ones(32)
+        side.wait_stream(sd.default_stream())
+        with sd.stream(side):
+            x.sum()
+        if fix:
+            npu_lifetime.record_use(x, side)
+        del x
+        gc.collect()
+    """)
+
+
+def run_user_tests(directory: Path, body: str, *options: str, env=None) -> subprocess.CompletedProcess:
+    """BODY, dedented, as DIRECTORY/test_user.py, run there by pytest -q with
+    OPTIONS in a fresh process that loads the plugin; ENV adds variables."""
+    (Path(directory) / "test_user.py").write_text(textwrap.dedent(body))
+    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]  # from a bare checkout
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *load, *options, "test_user.py"],
+        capture_output=True, text=True, cwd=directory, timeout=600,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT), **(env or {})))
 
 
 def plugin_registered() -> bool:

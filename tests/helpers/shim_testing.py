@@ -1,6 +1,7 @@
 """Test-only entry points of the shim, bound here with ctypes: the invariant
 checker and the simulated runtime's call counts, injected failures and
-stream progress (allocator_shim/include/npu_lifetime_shim.h)."""
+stream progress (allocator_shim/include/npu_lifetime_shim.h); and how many
+blocks wait once a simulated stream ran."""
 import ctypes
 import json
 
@@ -31,6 +32,14 @@ def invariant_violations() -> list:
 def check_invariants() -> None:
     bad = invariant_violations()
     assert bad == [], "allocator invariants broken:\n  " + "\n  ".join(bad)
+
+
+def pending_once_done(shim, stream: int) -> int:
+    """The blocks the shim still holds back once the simulated runtime ran
+    all of STREAM's queued work and the shim processed its events."""
+    shim.sim.complete(stream)
+    shim.process_events()
+    return shim.stats()["pending.all.current"]
 
 
 def sim_fail_next(call: str, n: int = 1) -> None:

@@ -48,16 +48,22 @@ def test_a_use_on_the_allocation_stream_attaches_nothing(dev):
     assert use_events(dev, x) == {}
 
 
+def read_on_a_side_stream(dev):
+    """(x, side): x, a shim buffer of an owner stream, read on side after side waited for the owner."""
+    owner, side = sd.Stream(), sd.Stream()
+    x = dev.empty(64, owner)
+    side.wait_stream(owner)
+    with sd.stream(side):
+        x.sum()
+    return x, side
+
+
 def test_a_watching_sanitizer_sees_the_call_and_the_shim_still_gets_it(dev, monkeypatch):
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)  # knows the op before the spy
     calls, op = [], record_use_calls._OP
     monkeypatch.setattr(record_use_calls, "_OP", lambda *args: (calls.append(args[1:]), op(*args)))
-    owner, side = sd.Stream(), sd.Stream()
     with san:
-        x = dev.empty(64, owner)
-        side.wait_stream(owner)
-        with sd.stream(side):
-            x.sum()
+        x, side = read_on_a_side_stream(dev)
         npu_lifetime.record_use(x, side)
         events = use_events(dev, x)
         del x
@@ -70,12 +76,8 @@ def test_a_watching_sanitizer_sees_the_call_and_the_shim_still_gets_it(dev, monk
 def test_without_record_use_the_sanitizer_reports_the_free(dev):
     # the control for the test above: the same program minus the call
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-    owner, side = sd.Stream(), sd.Stream()
     with san:
-        x = dev.empty(64, owner)
-        side.wait_stream(owner)
-        with sd.stream(side):
-            x.sum()
+        x, side = read_on_a_side_stream(dev)
         del x
     assert [f.kind for f in san.flush()] == ["uncovered_free"]
 

@@ -14,7 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import wait_for
-from helpers.fallback_doubles import DeviceAPIDouble
+from helpers.fallback_doubles import DeviceAPIDouble, record_from_threads
+from helpers.forking import child_exit_code
 from npu_lifetime.recording import _holds_py, torch_allocator_fallback
 from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, NativeFallback
 
@@ -278,17 +279,8 @@ def test_a_forked_child_starts_empty_and_never_deadlocks(api, fallback):
         except BaseException:
             os._exit(3)
     t.join()
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child deadlocked on the fallback's lock")
-    assert os.waitstatus_to_exitcode(status) == 0
+    exit_code = child_exit_code(pid)
+    assert exit_code == 0, f"the forked child exited with {exit_code} (None: deadlocked on the fallback's lock)"
     assert fallback.held() == 1  # the parent keeps its own
 
 
@@ -464,17 +456,8 @@ def test_fork_while_the_reaper_polls_leaves_the_child_free_to_poll(api):
                 os._exit(0 if ok else 2)
             except BaseException:
                 os._exit(3)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.01)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child deadlocked")
-        assert os.waitstatus_to_exitcode(status) == 0
+        exit_code = child_exit_code(pid)
+        assert exit_code == 0, f"the forked child exited with {exit_code} (None: deadlocked)"
     assert fallback.held() == 1
     fallback.stop_background()
 
@@ -559,23 +542,10 @@ def test_threads_recording_while_the_reaper_polls_lose_nothing(api):
     fallback = NativeFallback(api, gate=CaptureGate())
     streams = [FakeStream(h) for h in (2, 3, 4)]
     tensors = [torch.ones(1) for _ in range(8)]
-    errors = []
-
-    def work(seed: int) -> None:
-        try:
-            for i in range(300):
-                fallback.record(tensors[(seed + i) % len(tensors)], streams[(seed * 7 + i) % len(streams)])
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # the GIL changes hands inside the calls
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = record_from_threads(fallback, tensors, streams)
     finally:
         sys.setswitchinterval(interval)
     assert errors == [] and fallback.counts["recorded"] == 4 * 300

@@ -19,7 +19,7 @@ from helpers import fake_cudart
 from helpers.fake_cudart import (CREATED, DESTROYED, FAIL_CREATE, FAIL_QUERY, FAIL_RECORD, INVALID_HANDLE, QUERIES,
                          RECORDS, SET_DEVICE, SYNCS, VIOLATIONS)
 from conftest import wait_for
-from helpers.fallback_doubles import DeviceAPIDouble
+from helpers.fallback_doubles import DeviceAPIDouble, record_from_threads
 from npu_lifetime.recording import _holds_py, torch_allocator_fallback
 from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, CudaAPI, NativeFallback, NpuAPI
 
@@ -394,22 +394,12 @@ def test_threads_recording_while_the_reaper_polls_lose_nothing(fake, api):
     fallback = NativeFallback(api, gate=CaptureGate())
     streams = [RawStream(h) for h in (2, 3, 4)]
     tensors = [torch.ones(1) for _ in range(8)]
-    errors = []
 
-    def work(seed: int) -> None:
-        try:
-            for i in range(300):
-                fallback.record(tensors[(seed + i) % len(tensors)], streams[(seed * 7 + i) % len(streams)])
-                if i % 50 == 0:
-                    fake.run(streams[i % 3].handle)
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
+    def now_and_then_a_stream_runs(i: int) -> None:
+        if i % 50 == 0:
+            fake.run(streams[i % 3].handle)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = record_from_threads(fallback, tensors, streams, after_call=now_and_then_a_stream_runs)
     assert errors == [] and fallback.counts["recorded"] == 4 * 300
     for s in streams:
         fake.run(s.handle)

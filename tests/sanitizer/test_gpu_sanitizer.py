@@ -17,6 +17,7 @@ from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.gpu_helpers import requires_cuda, run_program
 from helpers.pasted_fixes import assert_each_fix_passes
 from helpers.scripts import missing_handoff_on
+from helpers.stream_devices import CudaDevice, used_on_side
 
 pytestmark = requires_cuda
 
@@ -47,11 +48,7 @@ def test_a_reused_address_does_not_inherit_recorded_streams():
 def test_free_findings_survive_del_and_gc_and_a_disabled_sanitizer_is_silent():
     san = LifetimeSanitizer("cuda", on_race="collect", warn_on_free=False)
     with san:
-        side = torch.cuda.Stream()
-        x = torch.ones(4096, device="cuda")
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            (x * 2).sum()
+        x, side = used_on_side(4096, CudaDevice, use=lambda x: (x * 2).sum())
         del x
         gc.collect()
     torch.cuda.synchronize()

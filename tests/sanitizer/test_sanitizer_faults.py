@@ -2,9 +2,6 @@
 simulated device: every test here failed on the front end before the fix
 (see the commit that added it)."""
 import gc
-import os
-import subprocess
-import sys
 import textwrap
 import tracemalloc
 import warnings
@@ -18,6 +15,7 @@ from npu_lifetime.lifetime import DataRace, UncoveredFree
 from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.stream_devices import used_on_side
 from helpers.collecting import kinds, sanitizer
+from helpers.scripts import run_user_tests
 
 pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
@@ -42,11 +40,7 @@ _lib.impl("read_then_sync", _read_then_sync, "CPU")
 def test_a_host_sync_inside_an_op_comes_after_the_ops_own_reads():
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            torch.ops.npl_fault_test.read_then_sync(x)  # read on side, then the host waits for side
+        x, _side = used_on_side(8, use=torch.ops.npl_fault_test.read_then_sync)  # then the host waits for side
         x.add_(1)  # ordered after the read: the host synchronised with side after it
         del x
         gc.collect()
@@ -59,11 +53,7 @@ def test_a_host_sync_inside_an_op_comes_after_the_ops_own_reads():
 def test_reading_a_value_back_synchronises_like_cuda(readback):
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            readback(x)  # on CUDA: a read on side, then a host sync with side
+        x, _side = used_on_side(8, use=readback)  # on CUDA: a read on side, then a host sync with side
         x.add_(1)
         del x
         gc.collect()
@@ -153,7 +143,7 @@ def test_check_of_a_script_with_its_own_sanitizer_block(tmp_path, capsys):
 
 
 def test_marker_tests_under_the_process_sanitizer(tmp_path):
-    (tmp_path / "test_user.py").write_text(textwrap.dedent("""
+    done = run_user_tests(tmp_path, """
         import gc, pytest, torch, npu_lifetime
         from npu_lifetime import simdevice as sd
 
@@ -179,16 +169,7 @@ def test_marker_tests_under_the_process_sanitizer(tmp_path):
         @pytest.mark.lifetime_sanitizer(device="sim")
         def test_three():
             handoff()
-    """))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=root, NPU_LIFETIME_SANITIZER="sim")
-    from helpers.scripts import plugin_registered
-
-    load = [] if plugin_registered() else ["-p", "npu_lifetime.pytest_plugin"]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *load, str(tmp_path / "test_user.py")],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )
+    """, env={"NPU_LIFETIME_SANITIZER": "sim"})
     assert "3 passed" in done.stdout, done.stdout + done.stderr
 
 
@@ -242,11 +223,7 @@ def test_torch_empty_is_an_allocation_on_the_current_stream():
 def test_in_place_metadata_ops_write_no_data(metadata_op):
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(4, 4)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()
+        x, side = used_on_side((4, 4))
         metadata_op(x)  # no data touched: no race with the read on side
         npu_lifetime.record_use(x, side)
         del x

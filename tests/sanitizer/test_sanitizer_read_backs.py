@@ -13,6 +13,7 @@ import torch
 
 from npu_lifetime import simdevice as sd
 from helpers.collecting import distinct_kinds, sanitizer
+from helpers.stream_devices import used_on_side
 
 pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
 
@@ -59,13 +60,8 @@ def test_a_read_back_waits_for_the_stream_it_read_on(read_back):
 
 def test_to_a_dtype_is_no_read_back():
     with sanitizer() as san:
-        side = sd.Stream()
-        x = torch.ones(16)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            y = x.to(torch.float64)  # an op on side: no host wait
-        del y
-        gc.collect()  # y was allocated on side: its own stream, nothing to cover
+        x, side = used_on_side(16, use=lambda x: x.to(torch.float64))  # an op on side: no host wait
+        gc.collect()  # its output was allocated on side and freed there: its own stream, nothing to cover
         z = torch.ones(4)
         with sd.stream(side):
             z.to(torch.float64)
@@ -76,30 +72,20 @@ def test_to_a_dtype_is_no_read_back():
 
 def test_share_memory_reports_the_old_storages_free():
     with sanitizer() as san:
-        side = sd.Stream()
-        x = torch.ones(64)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            y = x * 2  # reads x on side
+        x, side = used_on_side(64, use=lambda x: x * 2)  # reads x on side
         before = x.untyped_storage().data_ptr()
         x.share_memory_()  # x's old block is freed here, its read on side not covered
         assert x.untyped_storage().data_ptr() != before
-        del y
     found = san.failing(san.flush())
     assert "uncovered_free" in distinct_kinds(found)
 
 
 def test_share_memory_after_a_covered_use_is_clean():
     with sanitizer() as san:
-        side = sd.Stream()
-        x = torch.ones(64)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            y = x * 2
+        x, side = used_on_side(64, use=lambda x: x * 2)
         sd.default_stream().wait_stream(side)
         x.share_memory_()
         x.add_(1)  # the new block, written on the default stream
-        del y
     assert distinct_kinds(san.failing(san.flush())) == []
 
 

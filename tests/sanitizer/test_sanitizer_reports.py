@@ -80,24 +80,15 @@ def test_an_unknown_tensor_name_is_not_guessed(tmp_path, capsys):
 
 
 def test_the_latent_reason_names_the_host_wait_that_made_it_latent(tmp_path, capsys):
-    body = """
-        import torch
-        from npu_lifetime import simdevice as sd
-
-        side = sd.Stream()
-        x = torch.ones(8)
-        side.wait_stream(sd.default_stream())
+    body = forgotten_handoff(size=8) + textwrap.dedent("""
         with sd.stream(side):
-            y = x * 2
-        del x  # uncovered
-        with sd.stream(side):
-            print(y.sum().item())  # the script's only host wait, at its end
-    """
+            print(y.sum().item())  # the script's only host wait, at its end (line 15)
+    """)
     code, text, [free] = check(tmp_path, write_script(tmp_path, body), capsys)
     assert code == 1
     [reason] = free["latent_reasons"]
     assert "not reused before the host waited past the use at" in reason["reason"]
-    assert "prog.py:12" in reason["reason"], reason  # that wait, not a vague "the host synchronised"
+    assert "prog.py:15" in reason["reason"], reason  # that wait, not a vague "the host synchronised"
 
 
 def test_a_free_by_the_garbage_collector_at_the_end_says_so(tmp_path, capsys):

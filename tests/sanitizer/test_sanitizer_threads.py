@@ -12,14 +12,11 @@ import pytest
 import torch
 
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import LifetimeSanitizer, threads
+from npu_lifetime.sanitizer import threads
+from helpers.collecting import sanitizer
 from helpers.stream_devices import used_on_side
 
 pytestmark = pytest.mark.usefixtures("both_ways")  # conftest.py: C parts, then Python's
-
-
-def sanitizer():
-    return LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
 
 
 def racy_body():

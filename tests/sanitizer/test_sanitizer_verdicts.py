@@ -101,11 +101,7 @@ def test_like_and_new_constructors_do_not_read_their_input(make):
 def test_unsafe_view_writes_nothing():
     san = sanitizer()
     with san:
-        side = sd.Stream()
-        x = torch.ones(4, 4)
-        side.wait_stream(sd.default_stream())
-        with sd.stream(side):
-            x.sum()  # read on side
+        x, side = used_on_side((4, 4))  # read on side
         v = torch.ops.aten._unsafe_view(x, [16])  # on the default stream: a view, no write racing with the read
         npu_lifetime.record_use(x, side)
         del x, v

@@ -11,24 +11,25 @@ pytestmark = requires_cuda
 ALLOCATORS = ["shim", "native"]
 
 
-@pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_two_streams_reuse_only_after_the_join(allocator):
-    r = run_program("capture_reuse_programs.py", "two_streams", allocator, "on")
+def assert_reused_only_after_the_join(r):
+    """A program's result: no findings, the freed block not reused before the join, reused after it, replays right."""
     assert r["findings"] == []
     assert not r["before_join_reused"]
     assert r["after_join_reused"]
     assert r["replays_ok"] == [True] * 10
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_two_streams_reuse_only_after_the_join(allocator):
+    r = run_program("capture_reuse_programs.py", "two_streams", allocator, "on")
+    assert_reused_only_after_the_join(r)
     if allocator == "shim":
         assert r["backend"] == "npu_lifetime" and r["setting_seen_by_shim"] is True
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_four_streams_reuse_only_after_the_final_join(allocator):
-    r = run_program("capture_reuse_programs.py", "four_streams", allocator, "on")
-    assert r["findings"] == []
-    assert not r["before_join_reused"]
-    assert r["after_join_reused"]
-    assert r["replays_ok"] == [True] * 10
+    assert_reused_only_after_the_join(run_program("capture_reuse_programs.py", "four_streams", allocator, "on"))
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)

@@ -1,6 +1,8 @@
 """The shim's caching and its lifetime calls, on the simulated runtime."""
 from conftest import S1, S2, S3
 
+from helpers.shim_testing import pending_once_done
+
 
 def test_freed_block_is_reused_on_its_stream_only(sim_shim):
     p = sim_shim.alloc(1000, 0, S1)
@@ -60,9 +62,7 @@ def test_record_stream_records_at_the_free(sim_shim):
     sim_shim.free(p, 4096, 0, S1)  # the event is recorded here
     sim_shim.process_events()
     assert sim_shim.stats()["pending.all.current"] == 1
-    sim_shim.sim.complete(S2)
-    sim_shim.process_events()
-    assert sim_shim.stats()["pending.all.current"] == 0
+    assert pending_once_done(sim_shim, S2) == 0
 
 
 def test_erase_stream_withdraws_record_stream(sim_shim):
@@ -92,12 +92,8 @@ def test_one_live_event_per_block_and_stream(sim_shim):
     [block] = [b for seg in sim_shim.snapshot()["segments"] for b in seg["blocks"] if b["address"] == p]
     assert sorted(e["stream"] for e in block["use_events"]) == [S2, S3]
     sim_shim.free(p, 4096, 0, S1)
-    sim_shim.sim.complete(S2)
-    sim_shim.process_events()
-    assert sim_shim.stats()["pending.all.current"] == 1  # still waits for S3
-    sim_shim.sim.complete(S3)
-    sim_shim.process_events()
-    assert sim_shim.stats()["pending.all.current"] == 0
+    assert pending_once_done(sim_shim, S2) == 1  # still waits for S3
+    assert pending_once_done(sim_shim, S3) == 0
 
 
 def test_events_are_pooled(sim_shim):

@@ -42,6 +42,15 @@ def use_on(shim, stream, tensor):
     shim.record_stream(tensor, stream)
 
 
+def read_on_s2_in_a_capture(shim):
+    """Begins a capture; x, allocated on S1 in it and read on S2 after S2 forked from S1."""
+    begin(shim)
+    x = shim.alloc(F8, 0, S1)
+    wait_stream(shim, S2, S1)
+    use_on(shim, S2, x)
+    return x
+
+
 @pytest.fixture
 def reuse(sim_shim):
     sim_shim.set_graph_capture_record_stream_reuse(True)
@@ -130,10 +139,7 @@ def test_with_the_setting_off_the_free_waits_for_the_capture_end(sim_shim):
 
 
 def test_what_still_waits_at_the_capture_end_is_deferred_as_before(reuse):
-    begin(reuse)
-    x = reuse.alloc(F8, 0, S1)
-    wait_stream(reuse, S2, S1)
-    use_on(reuse, S2, x)
+    x = read_on_s2_in_a_capture(reuse)
     reuse.free(x, F8, 0, S1)
     assert state_of(reuse, x)["state"] == "awaiting_join"
     wait_stream(reuse, S1, S2)
@@ -161,10 +167,7 @@ def test_no_event_is_created_recorded_or_queried_during_the_capture(reuse):
 
 
 def test_the_reused_block_forgets_its_recorded_streams(reuse):
-    begin(reuse)
-    x = reuse.alloc(F8, 0, S1)
-    wait_stream(reuse, S2, S1)
-    use_on(reuse, S2, x)
+    x = read_on_s2_in_a_capture(reuse)
     reuse.free(x, F8, 0, S1)
     wait_stream(reuse, S1, S2)
     assert reuse.alloc(F8, 0, S1) == x
@@ -214,10 +217,7 @@ def test_frees_the_graph_cannot_vouch_for_wait_for_the_capture_end(reuse, case):
 
 
 def test_a_failed_capture_info_at_the_free_defers_it(reuse):
-    begin(reuse)
-    x = reuse.alloc(F8, 0, S1)
-    wait_stream(reuse, S2, S1)
-    use_on(reuse, S2, x)
+    x = read_on_s2_in_a_capture(reuse)
     reuse.findings()
     sim_fail_next("capture_info")
     reuse.free(x, F8, 0, S1)
@@ -230,10 +230,7 @@ def test_a_failed_capture_info_at_the_free_defers_it(reuse):
 
 
 def test_a_failed_graph_walk_reuses_nothing_until_a_walk_succeeds(reuse):
-    begin(reuse)
-    x = reuse.alloc(F8, 0, S1)
-    wait_stream(reuse, S2, S1)
-    use_on(reuse, S2, x)
+    x = read_on_s2_in_a_capture(reuse)
     reuse.free(x, F8, 0, S1)
     wait_stream(reuse, S1, S2)
     reuse.sim.launch(S1)

@@ -8,7 +8,7 @@ import pytest
 from conftest import S1, S2, S3, compile_c
 
 from npu_lifetime.shim.libnpl import library, library_path
-from helpers.shim_testing import check_invariants, sim_calls, sim_completed, sim_fail_next
+from helpers.shim_testing import check_invariants, pending_once_done, sim_calls, sim_completed, sim_fail_next
 
 
 def kinds(shim):
@@ -131,12 +131,8 @@ def test_d3_a_block_waiting_on_two_streams_leaves_when_both_fired_in_any_order(s
         sim_shim.record_use(p, S3)
     sim_shim.free(a, 4096, 0, S1)
     sim_shim.free(b, 4096, 0, S1)
-    sim_shim.sim.complete(S3)
-    sim_shim.process_events()
-    assert sim_shim.stats()["pending.all.current"] == 2
-    sim_shim.sim.complete(S2)
-    sim_shim.process_events()
-    assert sim_shim.stats()["pending.all.current"] == 0
+    assert pending_once_done(sim_shim, S3) == 2
+    assert pending_once_done(sim_shim, S2) == 0
     check_invariants()
 
 

@@ -3,6 +3,8 @@ import pytest
 
 from conftest import S1, S2
 
+from helpers.shim_testing import pending_once_done
+
 
 def kinds(shim):
     return [f["kind"] for f in shim.findings()]
@@ -59,9 +61,7 @@ def test_unrecorded_use_noted_by_the_sanitizer(sim_shim):
     [f] = sim_shim.findings()
     assert (f["kind"], f["stream"], f["alloc_stream"]) == ("unrecorded_use", S2, S1)
     assert sim_shim.stats()["pending.all.current"] == 1  # and the block stays safe
-    sim_shim.sim.complete(S2)
-    sim_shim.process_events()
-    assert sim_shim.stats()["pending.all.current"] == 0
+    assert pending_once_done(sim_shim, S2) == 0
 
 
 def test_noted_use_that_already_finished_is_no_finding(sim_shim):
