@@ -15,10 +15,12 @@ Invariants:
   Only a storage's first call per stream asks.
 * **One live event per (storage, stream)**, kept in a per-stream FIFO
   ordered by record time: a repeated call re-records its event and moves it
-  to the tail.  Events on one stream complete in order, so reclaiming looks
-  at the oldest entry of each stream and stops at the first unfired one:
-  the work per poll is the number of streams with entries plus what
-  completed, not what is held.
+  to the tail.  Events on one stream complete in order, so the fired
+  entries of a stream are its oldest ones: a poll finds them by galloping
+  over the 1st, 2nd, 4th, ... entry, then bisecting (``fired_prefix``), so
+  its queries are O(log what completed) per stream with entries, not one
+  per entry held or completed (the reaper holds the table's lock that
+  long).
 * **Released without another call.**  A call records and holds; it never
   polls (a poll would cost it a query per stream).  A background reaper
   thread polls the FIFO heads while anything is held, soon after a first
