@@ -8,7 +8,8 @@ set -u
 source tools/gpu_prologue.sh
 bench() { local name=$1 limit=$2 lines=$3; shift 3; local t=$SECONDS
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"$lines" "$OUT/$name.log"; }
-bench bench_cross_stream 170 16 benchmarks/bench_cross_stream.py --rounds 3 --json "$OUT/cross_stream.json"
+[ -n "${SKIP_CROSS_STREAM:-}" ] ||  # (SKIP_CROSS_STREAM=1: tools/gpu_all_tests.sh ran it)
+  bench bench_cross_stream 170 16 benchmarks/bench_cross_stream.py --rounds 3 --json "$OUT/cross_stream.json"
 bench bench_record_use 130 30 benchmarks/bench_record_use.py --device cuda --calls 20000 --rounds 7 \
   --json "$OUT/record_use.json"
 bench bench_shim_alloc 110 14 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json"
