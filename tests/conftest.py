@@ -112,3 +112,49 @@ def both_ways(request, monkeypatch):
     else:
         python_everywhere(monkeypatch)
     return request.param
+
+
+# -- one test body, two instances, beyond the sanitizer --------------------------------------------
+@pytest.fixture(params=["native", "python"])
+def record_both_ways(request):
+    """record_use's suites, one body two instances: its C parts (``_entry.c``'s
+    entry and fast paths, ``_holds.cpp``'s table), then their Python
+    references, chosen by recording's one switch (``recording.use_native``)
+    before the test makes its routes and fallbacks."""
+    from npu_lifetime import recording
+
+    if request.param == "native":
+        if not recording.native_available():
+            pytest.skip("record_use's C parts are off or not built: the python instance is the test")
+    else:
+        recording.use_native(False)
+        request.addfinalizer(lambda: recording.use_native(True))
+    return request.param
+
+
+@pytest.fixture(params=["native", "python"])
+def model_both_ways(request, monkeypatch):
+    """The lifetime model's suites, one body two instances: the C++ model
+    (``native_model.cpp``), then ``model.py``'s.  The class under test: a
+    test makes its models from it, and the schedule helpers
+    (helpers/schedule_helpers.py) run it.  The native instance fails a test
+    that made no native model (it would test Python twice)."""
+    from helpers import schedule_helpers
+    from npu_lifetime import lifetime
+
+    if request.param == "python":
+        model_class = lifetime.LifetimeModel
+    elif lifetime.NativeLifetimeModel is None:
+        pytest.skip("the native lifetime model is off or not built: the python instance is the test")
+    else:
+        class model_class(lifetime.NativeLifetimeModel):  # noqa: N801 - counts what the test made
+            made = 0
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                type(self).made += 1
+
+    monkeypatch.setattr(schedule_helpers, "MODEL", model_class)
+    yield model_class
+    if request.param == "native":
+        assert model_class.made > 0, f"{request.node.name} made no native model"
