@@ -133,6 +133,22 @@ def record_both_ways(request):
 
 
 @pytest.fixture(params=["native", "python"])
+def hooks_both_ways(request):
+    """The shim's hooks, one body two instances: ``_hook_relay.c``, then
+    hooks.py's ctypes callbacks (``hooks.use_relay``: the hooks are set again)."""
+    from npu_lifetime import native_parts
+    from npu_lifetime.shim import hooks
+
+    if request.param == "native":
+        if native_parts.load("npu_lifetime.shim._hook_relay") is None:
+            pytest.skip("the shim's hook relay is off or not built: the python instance is the test")
+    else:
+        hooks.use_relay(False)
+        request.addfinalizer(lambda: hooks.use_relay(True))
+    return request.param
+
+
+@pytest.fixture(params=["native", "python"])
 def model_both_ways(request, monkeypatch):
     """The lifetime model's suites, one body two instances: the C++ model
     (``native_model.cpp``), then ``model.py``'s.  The class under test: a

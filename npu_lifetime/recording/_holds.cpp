@@ -539,7 +539,9 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
             int fired = answer == nullptr ? -1 : PyObject_IsTrue(answer);
             seam_release(answer);
             if (fired < 0) return nullptr;
+#ifndef NPL_MUTANT_HOLDS  // tests/test_seam_mutants.py: a poll releases a storage whose event has not fired
             if (!fired) break;  // later entries on this stream were recorded after it
+#endif
             release_head(core, fifo, handle, drops.refs);
             released++;
         }
