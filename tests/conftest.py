@@ -102,7 +102,8 @@ def python_everywhere(monkeypatch) -> None:
 def both_ways(request, monkeypatch):
     """One test body, two instances (as CPython's tests do with
     ``import_fresh_module``): the test runs with the sanitizer's C parts,
-    then with its pure-Python reference, in this process.  A suite takes it
+    then with its pure-Python reference (record_use's and the shim hooks'
+    too), in this process.  A suite takes it
     with ``pytestmark = pytest.mark.usefixtures("both_ways")``."""
     from npu_lifetime.sanitizer import native
 
@@ -111,10 +112,22 @@ def both_ways(request, monkeypatch):
             pytest.skip("the sanitizer's native parts are off or not built: the python instance is the test")
     else:
         python_everywhere(monkeypatch)
+        python_record_use_and_hooks(request)
     return request.param
 
 
 # -- one test body, two instances, beyond the sanitizer --------------------------------------------
+def python_record_use_and_hooks(request) -> None:
+    """record_use's Python entry paths and table, and the shim hooks' ctypes
+    callbacks, for the rest of the test (their one switch each)."""
+    from npu_lifetime import recording
+    from npu_lifetime.shim import hooks
+
+    recording.use_native(False)
+    hooks.use_relay(False)
+    request.addfinalizer(lambda: (recording.use_native(True), hooks.use_relay(True)))
+
+
 @pytest.fixture(params=["native", "python"])
 def record_both_ways(request):
     """record_use's suites, one body two instances: its C parts (``_entry.c``'s
