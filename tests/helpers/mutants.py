@@ -46,7 +46,7 @@ def build_mutant(tmp_path: Path, module: str, source: Path, macro: str) -> Path:
     source = ROOT / source
     out = tmp_path / f"{module.rsplit('.', 1)[-1]}{sysconfig.get_config_var('EXT_SUFFIX')}"
     language = ["-std=c++17", "-fvisibility=hidden"] if source.suffix == ".cpp" else ["-std=c11"]
-    subprocess.run([compiler(source), "-shared", "-fPIC", *language, "-O1", "-Wall", "-Wextra", "-Werror",
+    subprocess.run([compiler(source), "-shared", "-fPIC", *language, "-O2", "-Wall", "-Wextra", "-Werror",
                     f"-D{macro}", f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(out), "-ldl"],
                    check=True, capture_output=True, text=True)
     return out
