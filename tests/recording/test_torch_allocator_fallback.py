@@ -82,6 +82,12 @@ def fallback(api):
     return NativeFallback(api, gate=CaptureGate(), background=False)
 
 
+def test_each_instance_holds_in_its_own_table(fallback, record_both_ways):
+    """The switch reaches the fallback: _holds.cpp's Table, or _holds_py.py's."""
+    in_cpp = type(fallback._table).__module__ == "npu_lifetime.recording._holds"
+    assert in_cpp == (record_both_ways == "native")
+
+
 def make_graph_class(api):
     """A graph class like torch.cuda.CUDAGraph, whose capture the fake API sees."""
 
