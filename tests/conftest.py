@@ -103,8 +103,8 @@ def both_ways(request, monkeypatch):
     """One test body, two instances (as CPython's tests do with
     ``import_fresh_module``): the test runs with the sanitizer's C parts,
     then with its pure-Python reference (record_use's and the shim hooks'
-    too), in this process.  A suite takes it
-    with ``pytestmark = pytest.mark.usefixtures("both_ways")``."""
+    too), in this process.  A suite takes it with
+    ``pytestmark = pytest.mark.usefixtures("both_ways")``."""
     from npu_lifetime.sanitizer import native
 
     if request.param == "native":

@@ -1,9 +1,10 @@
 """Process-wide allocation and free hooks of the shim, shared by every
 subscriber (each enabled sanitizer).
 
-The native hooks are set once, on the first subscription, and cleared at
-interpreter exit (before torch frees its last tensors, so no free calls into
-a finalising interpreter).  Subscribers come and go in Python: a
+The native hooks are set once, on the first subscription (again only when
+a test switches between _hook_relay.c and the ctypes callbacks:
+use_relay), and cleared at interpreter exit (before torch frees its last
+tensors, so no free calls into a finalising interpreter).  Subscribers come and go in Python: a
 subscription is never torn down while a native call is inside it.
 
     sub = hooks.subscribe(on_alloc, on_free)   # each (ptr, size, device, stream)
