@@ -102,8 +102,9 @@ def python_everywhere(monkeypatch) -> None:
 def both_ways(request, monkeypatch):
     """One test body, two instances (as CPython's tests do with
     ``import_fresh_module``): the test runs with the sanitizer's C parts,
-    then with its pure-Python reference, in this process.  A suite takes it
-    with ``pytestmark = pytest.mark.usefixtures("both_ways")``."""
+    then with its pure-Python reference (record_use's and the shim hooks'
+    too), in this process.  A suite takes it with
+    ``pytestmark = pytest.mark.usefixtures("both_ways")``."""
     from npu_lifetime.sanitizer import native
 
     if request.param == "native":
@@ -111,4 +112,78 @@ def both_ways(request, monkeypatch):
             pytest.skip("the sanitizer's native parts are off or not built: the python instance is the test")
     else:
         python_everywhere(monkeypatch)
+        python_record_use_and_hooks(request)
     return request.param
+
+
+# -- one test body, two instances, beyond the sanitizer --------------------------------------------
+def python_record_use_and_hooks(request) -> None:
+    """record_use's Python entry paths and table, and the shim hooks' ctypes
+    callbacks, for the rest of the test (their one switch each)."""
+    from npu_lifetime import recording
+    from npu_lifetime.shim import hooks
+
+    recording.use_native(False)
+    hooks.use_relay(False)
+    request.addfinalizer(lambda: (recording.use_native(True), hooks.use_relay(True)))
+
+
+@pytest.fixture(params=["native", "python"])
+def record_both_ways(request):
+    """record_use's suites, one body two instances: its C parts (``_entry.c``'s
+    entry and fast paths, ``_holds.cpp``'s table), then their Python
+    references, chosen by recording's one switch (``recording.use_native``)
+    before the test makes its routes and fallbacks."""
+    from npu_lifetime import recording
+
+    if request.param == "native":
+        if not recording.native_available():
+            pytest.skip("record_use's C parts are off or not built: the python instance is the test")
+    else:
+        recording.use_native(False)
+        request.addfinalizer(lambda: recording.use_native(True))
+    return request.param
+
+
+@pytest.fixture(params=["native", "python"])
+def hooks_both_ways(request):
+    """The shim's hooks, one body two instances: ``_hook_relay.c``, then
+    hooks.py's ctypes callbacks (``hooks.use_relay``: the hooks are set again)."""
+    from npu_lifetime import native_parts
+    from npu_lifetime.shim import hooks
+
+    if request.param == "native":
+        if native_parts.load("npu_lifetime.shim._hook_relay") is None:
+            pytest.skip("the shim's hook relay is off or not built: the python instance is the test")
+    else:
+        hooks.use_relay(False)
+        request.addfinalizer(lambda: hooks.use_relay(True))
+    return request.param
+
+
+@pytest.fixture(params=["native", "python"])
+def model_both_ways(request, monkeypatch):
+    """The lifetime model's suites, one body two instances: the C++ model
+    (``native_model.cpp``), then ``model.py``'s.  The class under test: a
+    test makes its models from it, and the schedule helpers
+    (helpers/schedule_helpers.py) run it.  The native instance fails a test
+    that made no native model (it would test Python twice)."""
+    from helpers import schedule_helpers
+    from npu_lifetime import lifetime
+
+    if request.param == "python":
+        model_class = lifetime.LifetimeModel
+    elif lifetime.NativeLifetimeModel is None:
+        pytest.skip("the native lifetime model is off or not built: the python instance is the test")
+    else:
+        class model_class(lifetime.NativeLifetimeModel):  # noqa: N801 - counts what the test made
+            made = 0
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                type(self).made += 1
+
+    monkeypatch.setattr(schedule_helpers, "MODEL", model_class)
+    yield model_class
+    if request.param == "native":
+        assert model_class.made > 0, f"{request.node.name} made no native model"

@@ -970,7 +970,11 @@ PyObject* m_wait_stream(M* m, FASTARGS) {
     Clock& vc = now(m, w);
     int e = stream_or_raise(m, a[1]);
     Clock& other = now(m, e);
+#ifndef NPL_MUTANT_NATIVE_MODEL  // tests/test_seam_mutants.py: a stream's wait orders nothing
     if (w != e) cjoin(vc, other);
+#else
+    (void)vc, (void)other;
+#endif
     Py_RETURN_NONE;
     GUARD_END
 }

@@ -578,6 +578,9 @@ PyObject* poll(Table* self, PyObject* stream_capturing) {
             PyObject* answer = PyObject_CallOneArg(self->call[QUERY], e->event);
             int done = answer == nullptr ? -1 : PyObject_IsTrue(answer);
             seam_release(answer);
+#ifdef NPL_MUTANT_HOLDS  // tests/test_seam_mutants.py: a poll releases a storage whose event has not fired
+            if (done == 0) done = 1;
+#endif
             return done;
         }, &failed);
         if (failed) return nullptr;  // the exception is set; what fired goes at the next poll

@@ -44,7 +44,8 @@ from . import traced_entry, watchers
 from .torch_allocator_fallback import FALLBACK
 
 # record_use's entry and fast paths in C (_entry.c), or None: the Python ones here
-_entry = native_parts.load("npu_lifetime.recording._entry")
+_BUILT_ENTRY = native_parts.load("npu_lifetime.recording._entry")
+_entry = _BUILT_ENTRY  # what the fast paths made from now on are made of (use_native_entry)
 DEVICE_TYPES = ("cuda", "npu")
 _CPU = 0  # c10::DeviceType::CPU, how a simulated stream travels through the op
 _is_compiling = torch.compiler.is_compiling
@@ -421,6 +422,18 @@ def _installed_route(device_type: str) -> Optional[_ShimRoute]:
     return route
 
 
+def use_native_entry(native: bool) -> None:
+    """The fast paths made from now on: C (``_entry.c``, where built) or
+    their Python references; the routes and the active fast path are
+    dropped, so the next call makes them so (the both-ways tests' switch).
+    ``record_use`` stays what it was bound to: the C entry hands every call
+    to ``record_use_reference`` while a Python fast path is active."""
+    global _entry, _fast
+    _entry = _BUILT_ENTRY if native else None
+    _routes.clear()
+    _fast = None
+
+
 def _enable_fast_path_if_installed(device_type: str) -> None:
     """The shim's fast path for the device if the shim is installed for it,
     else the torch-allocator fallback's (replaced once the shim is installed)."""
@@ -506,9 +519,9 @@ def _record_use_polyfill(tensor, stream=None) -> None:
     _record_use_checked(tensor, stream)
 
 
-if _entry is not None:
-    _entry.configure(globals(), record_use_reference)
-    record_use = _entry.record_use
+if _BUILT_ENTRY is not None:
+    _BUILT_ENTRY.configure(globals(), record_use_reference)
+    record_use = _BUILT_ENTRY.record_use
     traced_entry.substitute_when_traced(record_use, _record_use_polyfill)
 else:
     record_use = record_use_reference

@@ -91,15 +91,20 @@ from typing import Optional
 import torch
 
 from ..native_parts import load
-from . import watchers
+from . import _holds_py, watchers
 
 # the per-call path in C++; the same table in Python where it is not built or the native parts are off
 # (NPU_LIFETIME_NATIVE=0, native_parts.py)
 _native_holds = load(f"{__package__}._holds")
-if _native_holds is not None:
-    Table = _native_holds.Table
-else:
-    from ._holds_py import Table
+Table = _native_holds.Table if _native_holds is not None else _holds_py.Table
+
+
+def use_native_table(native: bool) -> None:
+    """The table the fallbacks made from now on hold their storages in:
+    ``_holds.cpp``'s (where built) or ``_holds_py.py``'s (the both-ways
+    tests' switch; a fallback keeps the table it was made with)."""
+    global Table
+    Table = _native_holds.Table if native and _native_holds is not None else _holds_py.Table
 
 # fork(): the gates' locks, then every fallback's, are held across it (the
 # reaper takes them in that order), so the child inherits none held.

@@ -44,6 +44,9 @@ static PyObject *call_subscriber(PyObject *fn, PyObject *const *args) {
 
 /* The findings' handler, for a non-empty list returned by on_free. */
 static void hand_findings(PyObject *on_findings, PyObject *ptr, PyObject *found) {
+#ifdef NPL_MUTANT_HOOK_RELAY /* tests/test_seam_mutants.py: what a free found never reaches on_findings */
+    on_findings = Py_None;
+#endif
     if (on_findings == Py_None || !PyList_Check(found) || PyList_GET_SIZE(found) == 0) return;
     PyObject *args[2] = {ptr, found};
     PyObject *done = PyObject_Vectorcall(on_findings, args, 2, NULL);

@@ -1,9 +1,10 @@
 """Process-wide allocation and free hooks of the shim, shared by every
 subscriber (each enabled sanitizer).
 
-The native hooks are set once, on the first subscription, and cleared at
-interpreter exit (before torch frees its last tensors, so no free calls into
-a finalising interpreter).  Subscribers come and go in Python: a
+The native hooks are set once, on the first subscription (again only when
+a test switches between _hook_relay.c and the ctypes callbacks:
+use_relay), and cleared at interpreter exit (before torch frees its last
+tensors, so no free calls into a finalising interpreter).  Subscribers come and go in Python: a
 subscription is never torn down while a native call is inside it.
 
     sub = hooks.subscribe(on_alloc, on_free)   # each (ptr, size, device, stream)
@@ -37,7 +38,9 @@ _subscribers: tuple = ()  # replaced, never mutated: native calls read it withou
 _native = None  # the hooks set (ctypes function pointers), kept alive while set
 
 
-relay = load(f"{__package__}._hook_relay")  # _hook_relay.c, or None: the ctypes callbacks below
+_BUILT_RELAY = load(f"{__package__}._hook_relay")
+relay = _BUILT_RELAY  # _hook_relay.c, or None: the ctypes callbacks below (use_relay)
+_retired: list = []  # hooks replaced by use_relay: kept alive, a call may still be inside one
 
 
 def subscribe(on_alloc: Optional[Callback], on_free: Optional[Callback],
@@ -98,6 +101,25 @@ def _set_native() -> None:
         else:
             _native = (ALLOC_HOOK(_on_alloc), FREE_HOOK(_on_free))
         library().npl_set_hooks(*_native, None)
+
+
+def use_relay(native: bool) -> None:
+    """The shim's hooks from now on: _hook_relay.c's (where built) or the
+    ctypes callbacks, each with the current subscribers (the both-ways
+    tests' switch).  Hooks already set are replaced."""
+    global relay, _native
+    with _lock:
+        chosen = _BUILT_RELAY if native else None
+        if chosen is relay:
+            return
+        if relay is not None:
+            relay.set_subscribers(())
+        relay = chosen
+        _publish(_subscribers)
+        if _native is not None:
+            _retired.append(_native)
+            _native = None
+            _set_native()
 
 
 def _clear_native() -> None:

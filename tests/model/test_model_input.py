@@ -6,7 +6,6 @@ import pytest
 
 from npu_lifetime.lifetime import (
     InvalidFree,
-    LifetimeModel,
     ModelInputError,
     UncoveredFree,
     UnrecordedEventWait,
@@ -14,10 +13,12 @@ from npu_lifetime.lifetime import (
     finding_to_json,
 )
 
+pytestmark = pytest.mark.usefixtures("model_both_ways")  # conftest.py: the C++ model, then model.py's
+
 
 @pytest.fixture
-def model():
-    m = LifetimeModel()
+def model(model_both_ways):
+    m = model_both_ways()
     for s in ("A", "U"):
         m.create_stream(s)
     m.create_event("e")
@@ -77,9 +78,9 @@ def test_allocation_over_live_storage_is_an_error(model):
         model.allocate("y", "A", address=0x1000)
 
 
-def test_findings_reach_the_callback_at_once():
+def test_findings_reach_the_callback_at_once(model_both_ways):
     seen = []
-    m = LifetimeModel(on_finding=seen.append)
+    m = model_both_ways(on_finding=seen.append)
     m.create_stream(0)
     m.free(7)
     assert len(seen) == 1 and isinstance(seen[0], InvalidFree)
@@ -96,8 +97,8 @@ def test_flush_clears_retained_and_recomputes_live(model):
     assert model.flush() == []
 
 
-def test_device_synchronize_is_per_device():
-    m = LifetimeModel()
+def test_device_synchronize_is_per_device(model_both_ways):
+    m = model_both_ways()
     m.create_stream("A", device=0)
     m.create_stream("U", device=0)
     m.create_stream("B", device=1)
@@ -108,8 +109,8 @@ def test_device_synchronize_is_per_device():
     assert [f.kind for f in m.free("x")] == ["uncovered_free"]
 
 
-def test_every_finding_is_json():
-    m = LifetimeModel()
+def test_every_finding_is_json(model_both_ways):
+    m = model_both_ways()
     m.create_stream(0)
     m.create_stream(1)
     m.create_event(0)

@@ -2,8 +2,10 @@
 against the Python one it mirrors (model.py, the reference): the same
 schedules and the same direct API calls fed to both must give equal
 findings, in the same order, with equal ReuseOutcome state afterwards, and
-equal ModelInputErrors.  The model's own unit tests also run against the
-native class, and a deliberately broken native model must be caught."""
+equal ModelInputErrors.  A deliberately broken native model must be
+caught.  The model's own suites (test_model_input.py, test_semantics_*.py,
+test_schedule_threads.py) run on both classes themselves (conftest.py's
+model_both_ways)."""
 import os
 
 import pytest
@@ -414,50 +416,6 @@ def test_a_model_subclass_and_attributes_work_as_in_python():
     m.findings = []
     m.free("x")
     assert len(m.findings) == 1
-
-
-# -- the model's own unit tests, on the native class -----------------------------------------
-
-import test_model_input  # noqa: E402
-import test_schedule_threads  # noqa: E402
-import test_semantics_rules  # noqa: E402
-
-_SUITES = (test_model_input, test_semantics_rules, test_schedule_threads)
-# tests of these suites that never make a model (schedule validation only)
-_NO_MODEL = {"test_invalid_thread_steps_are_rejected", "test_generated_thread_steps_shrink_to_the_few_they_need"}
-model = test_model_input.model  # the fixture the model-input tests take
-
-for _suite in _SUITES:
-    for _name, _test in list(vars(_suite).items()):
-        if _name.startswith("test_") and callable(_test):
-            globals()[f"test_native__{_suite.__name__[5:]}__{_name[5:]}"] = _test
-
-
-class _Counted(NATIVE):
-    made = 0
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        type(self).made += 1
-
-
-@pytest.fixture(autouse=True)
-def _native_everywhere(request, monkeypatch):
-    """For the tests imported from the suites: every LifetimeModel they (or
-    the schedule runner) make is the native one."""
-    test = request.function
-    if test.__module__ == __name__:
-        yield
-        return
-    from npu_lifetime.schedules import runner
-
-    for owner in (lifetime, runner, *_SUITES):
-        if hasattr(owner, "LifetimeModel"):
-            monkeypatch.setattr(owner, "LifetimeModel", _Counted)
-    _Counted.made = 0
-    yield
-    if test.__name__ not in _NO_MODEL:
-        assert _Counted.made > 0, f"{test.__name__} made no native model"
 
 
 # -- the comparison can fail -----------------------------------------------------------------

@@ -13,6 +13,10 @@ from npu_lifetime.strategies import schedules
 
 from helpers.schedule_helpers import A, U, W, findings
 
+# the tests that run the model: the C++ one, then model.py's (conftest.py); the others check the
+# schedule language or the simulated device alone
+BOTH_WAYS = pytest.mark.usefixtures("model_both_ways")
+
 # x made on A, read on U; thread 1 exists before the main thread syncs U
 USED = (Alloc(0, A, 0, 16), Write(0, A), WaitStream(U, A), Read(0, U), Spawn(1))
 READ = 3
@@ -27,17 +31,20 @@ def corrupts(steps) -> bool:
     return bool(execute(Schedule(3, 2, steps), delay_stream(U), allocator_waits=False).corrupted)
 
 
+@BOTH_WAYS
 def test_a_sync_on_one_thread_does_not_cover_a_free_on_another():
     steps = (*USED, SyncStream(U), Switch(1), Free(0))
     assert uncovered(steps) == [("uncovered_free", 7, 0, U, READ)]
     assert corrupts(steps) and executor_violation(Schedule(3, 2, steps)) is None
 
 
+@BOTH_WAYS
 def test_the_same_sync_on_the_freeing_thread_covers():
     steps = (*USED, Switch(1), SyncStream(U), Free(0))
     assert uncovered(steps) == [] and not corrupts(steps)
 
 
+@BOTH_WAYS
 def test_joining_the_thread_that_synced_covers():
     steps = (*USED, Switch(1), SyncStream(U), Switch(0), Join(1), Free(0))
     assert uncovered(steps) == [] and not corrupts(steps)
@@ -45,11 +52,13 @@ def test_joining_the_thread_that_synced_covers():
     assert uncovered(without_join) == [("uncovered_free", 8, 0, U, READ)] and corrupts(without_join)
 
 
+@BOTH_WAYS
 def test_a_thread_spawned_after_the_sync_starts_ordered_after_it():
     steps = (*USED[:-1], SyncStream(U), Spawn(1), Switch(1), Free(0))
     assert uncovered(steps) == []
 
 
+@BOTH_WAYS
 def test_a_stream_sync_queues_nothing_for_other_threads():
     # thread 0 learns of the read (device sync), then syncs A; thread 1's free
     # of the A block must not be taken as ordered after the read.  The model
@@ -59,6 +68,7 @@ def test_a_stream_sync_queues_nothing_for_other_threads():
     assert uncovered(steps) == [("uncovered_free", 6, 1, U, 2)] and corrupts(steps)
 
 
+@BOTH_WAYS
 def test_wait_stream_records_on_the_waitee_from_the_issuing_thread():
     # the record on U follows thread 0's device sync, so U's later read (issued
     # by thread 1) is ordered after the allocation: no race
@@ -67,6 +77,7 @@ def test_wait_stream_records_on_the_waitee_from_the_issuing_thread():
     assert ("data_race", 4, 1) in findings(Spawn(1), Alloc(0, A, 0, 16), SyncDevice(), Switch(1), Read(0, U))
 
 
+@BOTH_WAYS
 def test_record_use_on_the_allocation_stream_records_nothing():
     # the allocator ignores record_use on the block's own stream, so it does
     # not carry thread 0's sync to thread 1's free; on a third stream it does
@@ -115,6 +126,7 @@ def _frees_on_another_thread(schedule) -> bool:
 
 
 
+@BOTH_WAYS
 def test_a_free_on_one_thread_queues_nothing_for_another_threads_free():
     # thread 0 syncs U, then frees another block of A; thread 1 then frees x.
     # A free issues nothing on its stream, so thread 0's free must not order
@@ -127,6 +139,7 @@ def test_a_free_on_one_thread_queues_nothing_for_another_threads_free():
     assert corrupts(steps) and executor_violation(Schedule(3, 2, steps)) is None
 
 
+@BOTH_WAYS
 def test_work_issued_after_a_sync_does_order_its_stream():
     # unlike a free, a write thread 0 issues on A after its sync runs after
     # the read, and so does whatever A runs later, thread 1's free included

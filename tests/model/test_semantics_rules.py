@@ -1,11 +1,15 @@
 """The coverage and race rules behind the table: transitivity, host waits,
 erase_stream, views, address reuse, and what each finding carries."""
+import pytest
+
 from npu_lifetime.schedules import (
     Alloc, EraseStream, Free, Op, QueryEvent, Read, RecordEvent, RecordStream, RecordUse,
     SyncEvent, SyncStream, View, WaitEvent, WaitStream, Write,
 )
 
 from helpers.schedule_helpers import A, U, W, findings, verdict
+
+pytestmark = pytest.mark.usefixtures("model_both_ways")  # conftest.py: the C++ model, then model.py's
 
 CREATE = (Alloc(0, A, 0x1000), Write(0, A), WaitStream(U, A))
 
@@ -156,25 +160,25 @@ def test_a_reuse_race_is_reported_once_per_owner_and_use():
     assert len([k for k in found if k[0] == "reuse_race"]) == 1
 
 
-def _model_outcomes(steps):
-    from npu_lifetime.lifetime import LifetimeModel
+def _model_outcomes(model_class, steps):
     from npu_lifetime.schedules import Schedule, feed
 
-    model = LifetimeModel()
+    model = model_class()
     feed(Schedule(3, 2, steps), model)
     return [f for f in model.findings if f.kind == "uncovered_free"]
 
 
-def test_the_outcome_says_why_a_free_is_latent_or_that_it_is_actual():
-    [free] = _model_outcomes(uncovered_then_reused())
+def test_the_outcome_says_why_a_free_is_latent_or_that_it_is_actual(model_both_ways):
+    [free] = _model_outcomes(model_both_ways, uncovered_then_reused())
     assert free.actual and free.outcome.race is not None
-    [free] = _model_outcomes(uncovered_then_reused(WaitStream(A, U)))
+    [free] = _model_outcomes(model_both_ways, uncovered_then_reused(WaitStream(A, U)))
     assert not free.actual and "ordered after the use" in free.outcome.reason()
-    [free] = _model_outcomes(uncovered_then_reused(SyncStream(U)))
+    [free] = _model_outcomes(model_both_ways, uncovered_then_reused(SyncStream(U)))
     assert "not reused before the host waited past the use" in free.outcome.reason()
-    [free] = _model_outcomes((Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0)))
+    freed = (Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0))
+    [free] = _model_outcomes(model_both_ways, freed)
     assert free.outcome.reason() == "the memory was not reused while the sanitizer watched"
-    [free] = _model_outcomes((Alloc(0, A, 0x1000, 16), WaitStream(U, A), Read(0, U), Free(0), SyncStream(U)))
+    [free] = _model_outcomes(model_both_ways, (*freed, SyncStream(U)))
     assert "not reused before the host waited past the use" in free.outcome.reason()
 
 
@@ -197,10 +201,8 @@ def test_an_ops_barrier_comes_before_its_accesses_and_its_record_after():
     assert not any(k[0] == "data_race" for k in findings(*steps))
 
 
-def test_memory_the_allocator_holds_until_the_use_is_done_cannot_race():
-    from npu_lifetime.lifetime import LifetimeModel
-
-    m = LifetimeModel()
+def test_memory_the_allocator_holds_until_the_use_is_done_cannot_race(model_both_ways):
+    m = model_both_ways()
     for s in (A, U):
         m.create_stream(s)
     m.allocate("x", A, address=0x1000, size=16)

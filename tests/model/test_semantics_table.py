@@ -2,11 +2,15 @@
 oracle.  x is created (allocated and written) on A and used (read) on U.
 Where the table says "possible" or "unresolved", both outcomes are tested:
 the row's own synchronisation does not decide the race, the rest does."""
+import pytest
+
 from npu_lifetime.schedules import (
     Alloc, Free, Read, RecordStream, RecordUse, SyncDevice, WaitStream, Write,
 )
 
 from helpers.schedule_helpers import A, U, verdict
+
+pytestmark = pytest.mark.usefixtures("model_both_ways")  # conftest.py: the C++ model, then model.py's
 
 CREATE = (Alloc(0, A, 0x1000), Write(0, A))
 

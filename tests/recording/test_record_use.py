@@ -13,6 +13,8 @@ from npu_lifetime.recording import calls as record_use_calls
 from npu_lifetime.sanitizer import LifetimeSanitizer
 from helpers.stream_devices import used_on_side
 
+# record_use's C entry and fast path, then its Python reference (conftest.py)
+pytestmark = pytest.mark.usefixtures("record_both_ways")
 
 @pytest.fixture
 def dev(sim_shim):
@@ -20,6 +22,12 @@ def dev(sim_shim):
     device = SimHandoffDevice()
     with shim_route(device.route):
         yield device
+
+
+def test_each_instance_runs_its_own_fast_path(dev, record_both_ways):
+    """The switch reaches the route: _entry.c's ShimFast, or calls.py's reference."""
+    in_c = type(dev.route.fast).__module__ == "npu_lifetime.recording._entry"
+    assert in_c == (record_both_ways == "native")
 
 
 def use_events(dev, t) -> dict:

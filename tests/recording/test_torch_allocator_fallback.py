@@ -19,23 +19,8 @@ from helpers.forking import child_exit_code
 from npu_lifetime.recording import _holds_py, torch_allocator_fallback
 from npu_lifetime.recording.torch_allocator_fallback import CaptureGate, NativeFallback
 
-try:
-    from npu_lifetime.recording import _holds
-except ImportError:  # the extension is optional: its tests skip
-    _holds = None
-
-
-@pytest.fixture(autouse=True, params=["native", "python"])
-def table_class(request, monkeypatch):
-    """Every test runs over both tables: _holds.cpp and _holds_py.py."""
-    if request.param == "native":
-        if _holds is None:
-            pytest.skip("npu_lifetime.recording._holds is not built")
-        cls = _holds.Table
-    else:
-        cls = _holds_py.Table
-    monkeypatch.setattr(torch_allocator_fallback, "Table", cls)
-    return cls
+# every test runs over both tables, _holds.cpp's then _holds_py.py's (conftest.py)
+pytestmark = pytest.mark.usefixtures("record_both_ways")
 
 
 class FakeStream:
@@ -96,6 +81,12 @@ def api():
 def fallback(api):
     """Polled by hand: no reaper thread, a capture gate of its own."""
     return NativeFallback(api, gate=CaptureGate(), background=False)
+
+
+def test_each_instance_holds_in_its_own_table(fallback, record_both_ways):
+    """The switch reaches the fallback: _holds.cpp's Table, or _holds_py.py's."""
+    in_cpp = type(fallback._table).__module__ == "npu_lifetime.recording._holds"
+    assert in_cpp == (record_both_ways == "native")
 
 
 def make_graph_class(api):
@@ -522,11 +513,12 @@ def test_fast_takes_only_a_tensor_of_the_device_and_a_stream_of_its_type(api):
     assert fallback.fast(x, side) is True and fallback.held() == 1
 
 
-def test_a_table_refuses_what_is_not_callable(table_class, api):
+def test_a_table_refuses_what_is_not_callable(api):
     with pytest.raises(TypeError, match="query"):
-        table_class(record_event=print, query=None, new_event=print, is_capturing=print, record_stream=print,
-                    handle=print, device_index=print, first_use=print, on_first=print, device_flag="is_cpu",
-                    stream_type=FakeStream, tensor_type=torch.Tensor)
+        torch_allocator_fallback.Table(
+            record_event=print, query=None, new_event=print, is_capturing=print, record_stream=print, handle=print,
+            device_index=print, first_use=print, on_first=print, device_flag="is_cpu", stream_type=FakeStream,
+            tensor_type=torch.Tensor)
 
 
 def test_record_refuses_what_is_not_a_tensor(fallback):

@@ -14,7 +14,8 @@ import torch
 from torch._utils import CallbackRegistry
 
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import LifetimeSanitizer, native
+from npu_lifetime.sanitizer import LifetimeSanitizer, LifetimeWarning, native
+from npu_lifetime.sanitizer.backends import _TraceBackend
 
 if native.storage_feed is None or native.trace_hook is None:
     pytest.skip("the sanitizer's native trace feed is off or not built", allow_module_level=True)
@@ -108,6 +109,41 @@ def test_the_shim_connected_skips_the_trace():
         finally:
             san._shim.connected = False
         assert san.storages.get(t.data_ptr()) is None
+
+
+class _TracedSimulation:
+    """What a trace backend's ``_memory_subscribers`` reads of it, on the simulated device."""
+
+    def __init__(self, hub) -> None:
+        self.hub = hub
+
+    @staticmethod
+    def current_device() -> int:
+        return sd.DEVICE_INDEX
+
+    @staticmethod
+    def _raw_stream_calls() -> tuple:
+        return (lambda: sd.DEVICE_INDEX), (lambda _device: sd.current_stream().key[1])
+
+
+@pytest.mark.usefixtures("both_ways")  # conftest.py: _trace_hook.c's subscribers, then Hub.direct's
+def test_a_traced_free_before_another_streams_use_finished_is_found_at_the_free():
+    """The subscribers a CUDA or NPU backend registers (whichever its parts
+    choose) tell the sanitizer of a storage only the trace knows, and the
+    free's uncovered use reaches the findings, with its warning, at the free."""
+    x = torch.ones(16)  # made before the sanitizer: only the trace tells it of x
+    san = LifetimeSanitizer("sim", on_race="collect")
+    with san:
+        allocated, freed = _TraceBackend._memory_subscribers(_TracedSimulation(san.backend.hub))
+        allocated(x.data_ptr())
+        side = sd.Stream()
+        side.wait_stream(sd.current_stream())
+        with sd.stream(side):
+            x.sum()
+        with pytest.warns(LifetimeWarning, match="uncovered"):
+            freed(x.data_ptr())
+        assert san.storages.get(x.data_ptr()) is None
+    assert [f.kind for f in san.flush()] == ["uncovered_free"]
 
 
 def test_fire_calls_its_one_subscriber_and_defers_to_the_registry_for_more():
