@@ -234,7 +234,7 @@ def default() -> Parts:
     ``python_parts()`` for the pure-Python sanitizer (tests/conftest.py)."""
     global _default
     if _default is None:
-        _default = native_parts()
+        _default = native_parts() if ENABLED else python_parts()
     return _default
 
 
