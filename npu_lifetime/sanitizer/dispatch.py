@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
 from ..recording import watchers  # (the package defines the op npu_lifetime::record_use)
-from . import accesses, collectives, threads
+from . import accesses, collectives
 from .hub import on_thread
 
 _lock = threading.Lock()
@@ -35,7 +35,7 @@ _op_hooked: tuple = ()  # those with before_op / inside_op hooks (the simulated 
 _depth = 8  # user frames per site: the most any enabled sanitizer asked for
 _mode: Optional["_Mode"] = None
 _fast_path = None  # the C dispatch (Parts.dispatch) a mode was bound to, once one was: its common op's state
-_running_threads = threads.RunningThreads  # how running threads were armed to follow (Parts.running_threads)
+_armed: dict = {}  # the followers (Parts.running_threads) that armed running threads, until the last disable
 
 _KINDS = {
     "on_event_record": lambda args: (RECORD, args[1]),
@@ -53,7 +53,7 @@ def active() -> tuple:
 def activate(sanitizer) -> None:
     """Enables ``sanitizer``; a new mode takes its parts' dispatch (C's
     fast path, or the Python body alone)."""
-    global _mode, _fast_path, _running_threads
+    global _mode, _fast_path
     parts = sanitizer.parts
     with _lock:
         if parts.dispatch is not None:
@@ -63,8 +63,8 @@ def activate(sanitizer) -> None:
         if _mode is None or _mode not in _get_current_dispatch_mode_stack():
             _mode = _Mode(parts.dispatch)
             _mode.__enter__()
-        _running_threads = parts.running_threads
-        _running_threads.follow_running(follow_this_thread)
+        _armed[parts.running_threads] = True
+        parts.running_threads.follow_running(follow_this_thread)
 
 
 def follow_this_thread() -> None:
@@ -88,7 +88,9 @@ def deactivate(sanitizer) -> None:
             _set_active(rest, fast_path=False)
         stack = _get_current_dispatch_mode_stack()
         if not _active:
-            _running_threads.stop_following()
+            for follower in _armed:
+                follower.stop_following()
+            _armed.clear()
         if not _active and _mode is not None and stack and stack[-1] is _mode:
             _mode.__exit__(None, None, None)
             _mode = None

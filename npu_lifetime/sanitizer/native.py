@@ -116,9 +116,11 @@ def python_parts() -> Parts:
     """The pure-Python sanitizer (the reference)."""
     from .. import lifetime
 
-    return Parts("python", lifetime.model_class("python"), feeds.HostLock, feeds.feed_op, feeds.StorageFeed,
-                 feeds.EventFeed, None, sites.capture, accesses.PythonScan, hub.OpFrame, hub.Hub.subscriber,
-                 backends.TraceDelivery, RunningThreads)
+    return Parts(name="python", model=lifetime.model_class("python"), host_lock=feeds.HostLock,
+                 op_feed=feeds.feed_op, storage_feed=feeds.StorageFeed, event_feed=feeds.EventFeed, dispatch=None,
+                 capture=sites.capture, scan=accesses.PythonScan, op_frame=hub.OpFrame,
+                 event_subscriber=hub.Hub.subscriber, trace_delivery=backends.TraceDelivery,
+                 running_threads=RunningThreads)
 
 
 # -- the C parts' Python sides: classes with C bases, and the C parts' configuration ---------------
