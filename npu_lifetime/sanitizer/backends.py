@@ -110,8 +110,8 @@ class _TraceBackend(Backend):
         """``register(kind, callback)`` for each trace kind."""
         hub, device = self.hub, self._raw_stream_calls()[0]  # the device: a C call
 
-        def subscriber(name, device=None, keying=KEEP_ARGS):
-            return parts.event_subscriber(hub, name, device, keying)
+        def subscriber(name, current_device=None, keying=KEEP_ARGS):
+            return parts.event_subscriber(hub, name, current_device, keying)
 
         register("event_creation", subscriber("on_event_created"))
         register("event_deletion", subscriber("on_event_deleted"))

@@ -228,3 +228,39 @@ def test_a_dropped_event_changes_the_findings(dropped):
     right = run_program(ORDERED, True)
     assert right == run_program(ORDERED, False)
     assert run_program(ORDERED, True, drop=dropped) != right
+
+
+class _LoggingSink:
+    def __init__(self) -> None:
+        self.log: list = []
+
+    def __getattr__(self, name: str):
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda *args: self.log.append((name, args))
+
+
+@pytest.mark.parametrize("use_native", [True, False], ids=["native", "python"])
+def test_a_trace_backend_registers_its_parts_deliveries(use_native):
+    """CUDA's registration (``_register_trace``, run on CPU with a stand-in
+    device and stream): the parts' subscribers, keyed alike, and the parts'
+    shortcut of torch's loop (C's ``Fire``; Python's leaves torch's)."""
+    from npu_lifetime.sanitizer.backends import CudaBackend
+
+    parts = native.native_parts() if use_native else native.python_parts()
+    backend = CudaBackend()
+    backend._raw_stream_calls = lambda: ((lambda: 2), (lambda device: 0x77))
+    registered: dict = {}
+    backend._register_trace(registered.__setitem__, parts)
+    sink = _LoggingSink()
+    backend.hub.add(sink)
+    registered["event_record"](5, 0x10)
+    registered["device_synchronization"]()
+    registry = CallbackRegistry("event_creation")
+    registry.add_callback(registered["event_creation"])
+    parts.trace_delivery.shortcut(registry, registered["event_creation"])
+    registry.fire_callbacks(9)
+    assert len(registered) == 10
+    assert sink.log == [("on_event_record", (5, (2, 0x10))), ("on_device_sync", (2,)), ("on_event_created", (9,))]
+    assert isinstance(registry.fire_callbacks, native.trace_hook.Fire) == use_native
+    assert isinstance(registered["event_record"], native.event_hook.Event) == use_native
