@@ -97,7 +97,7 @@ class LifetimeSanitizer:
     hold kept safe).  ``strict`` also fails live storages' uses that a free
     now would leave uncovered.
 
-    ``parts``: the implementation of its lock, feeds and model (``native.Parts``):
+    ``parts``: the implementation of each of its parts (``native.Parts``):
     C where built unless told (``native.python_parts()``: the reference).
     """
 
