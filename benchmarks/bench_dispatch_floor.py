@@ -144,12 +144,10 @@ class _Variant:
 def site_capture() -> tuple:
     """The sanitizer's own site capture as its storage feed calls it from C
     (no Python frame of ours in between): (callable, args)."""
-    from npu_lifetime.sanitizer import sites
+    from npu_lifetime.sanitizer import native
 
     depth = 8  # LifetimeSanitizer's default stack_depth
-    if sites._native_frames is not None:
-        return sites._native_frames.capture, (depth, 0)
-    return sites.capture, (depth, 1)
+    return native.default().capture, (depth, 0)
 
 
 def tensor_arguments_per_run(a, steps: int) -> int:

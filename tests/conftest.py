@@ -84,18 +84,12 @@ def wait_for(condition, timeout: float = 5.0) -> bool:
 
 def python_everywhere(monkeypatch) -> None:
     """The pure-Python sanitizer for what follows: sanitizers built without
-    ``parts`` get ``native.python_parts()``, and the process-wide parts (the
-    scan, the stack walk, the trace and event hooks, the threads' follower)
-    are Python's while ``monkeypatch`` lasts."""
-    from npu_lifetime.sanitizer import accesses, native, sites, threads
+    ``parts`` get ``native.python_parts()`` while ``monkeypatch`` lasts (a
+    device backend's deliveries are made at its first connection, once per
+    process: tests/sanitizer/test_event_hook.py compares its two paths)."""
+    from npu_lifetime.sanitizer import native
 
     monkeypatch.setattr(native, "_default", native.python_parts())
-    monkeypatch.setattr(native, "trace_hook", None)
-    monkeypatch.setattr(native, "event_hook", None)  # hubs' subscribers made from now on (the sim's listener
-    # is made once per process: tests/test_event_hook.py compares its two paths)
-    monkeypatch.setattr(accesses, "_native_scan", None)
-    monkeypatch.setattr(sites, "_native_frames", None)
-    monkeypatch.setattr(threads, "_native", None)  # threads running at enable(): sys._setprofileallthreads or none
 
 
 @pytest.fixture(params=["native", "python"])

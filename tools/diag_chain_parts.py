@@ -51,7 +51,7 @@ def _patch_state(field: str, value) -> None:
 
     fields = dispatch._op_feed_fields(dispatch._active)
     fields[field] = value
-    dispatch._native_dispatch.common(dispatch._native_dispatch.OpFeed(**fields))
+    dispatch._fast_path.common(dispatch._fast_path.OpFeed(**fields))
 
 
 def _nothing(*args) -> None:

@@ -47,7 +47,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import storage_holders
-from . import collectives, native
+from . import collectives
 
 _NO_DATA_FACTORY = re.compile(r"^(aten::)?(new_)?empty(_like|_strided|_permuted)?$")
 # constructors that take only their input's shape, dtype and device: zeros_like, randn_like, new_full...
@@ -64,15 +64,13 @@ _TRAINING_FLAGS = ("training", "use_input_stats")
 _READ, _WRITE, _SKIP = False, True, None
 
 
-# the native scan makes entries itself: StorageAccess's slots are then its C base's (_scan.c)
-_AccessBase = native.scan.AccessBase if native.scan is not None else object
+class StorageAccess:
+    """One storage an op touched (or, for an ``empty``-like factory, made).
+    The slots are a subclass's: ``PythonStorageAccess``'s below, or those of
+    the C scan's base, which the C op feed reads directly (``native.py``
+    makes that class)."""
 
-
-class StorageAccess(_AccessBase):
-    """One storage an op touched (or, for an ``empty``-like factory, made)."""
-
-    __slots__ = () if _AccessBase is not object else (
-        "storage", "is_write", "tensor", "names", "device_index", "fresh", "accessed")
+    __slots__ = ()
 
     def __init__(self, storage: int, tensor: torch.Tensor, device_index: int, fresh: bool, accessed: bool) -> None:
         self.storage = storage  # the storage's base address
@@ -86,6 +84,12 @@ class StorageAccess(_AccessBase):
     @property
     def nbytes(self) -> int:
         return self.tensor.untyped_storage().nbytes()
+
+
+class PythonStorageAccess(StorageAccess):
+    """An entry made by the Python scan (``PythonScan``)."""
+
+    __slots__ = ("storage", "is_write", "tensor", "names", "device_index", "fresh", "accessed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,17 +188,11 @@ def _outputs(count: int, outputs: Any) -> tuple:
     return tuple(outputs) if isinstance(outputs, (list, tuple)) else ()
 
 
-def written_storages(p: Plan, args: tuple, kwargs: dict) -> list:
+def written_storages(p: Plan, args: tuple, kwargs: dict, scan=None) -> list:
     """Before the op runs: (tensor, storage address) of each tensor it
-    writes, for ``op_accesses`` to see which of them it moved."""
-    if _native_scan is _native_module:  # the loop below in C
-        return _native_written(p.arguments, args, kwargs)
-    found = []
-    for i, name, mode in p.arguments:
-        value = args[i] if i < len(args) else kwargs.get(name)
-        if mode and value is not None:
-            found += [(t, _address(t)) for t in _tensors(value)]
-    return found
+    writes, for ``op_accesses`` to see which of them it moved (``scan``:
+    what runs the loop, ``PythonScan`` unless given)."""
+    return (scan or PythonScan).written(p.arguments, args, kwargs)
 
 
 def _address(t: torch.Tensor) -> int:
@@ -205,58 +203,62 @@ def _address(t: torch.Tensor) -> int:
 
 
 def op_accesses(func, args: tuple, kwargs: dict, outputs: Any, tracked: Callable, p: Plan = None,
-                written_before: Optional[list] = None) -> list:
+                written_before: Optional[list] = None, scan=None) -> list:
     """The storages ``func`` touched, for tensors ``tracked(t)`` accepts, in
     argument order, then its fresh outputs (``p``: its plan, if at hand;
-    ``written_before``: ``written_storages`` before the op, if taken)."""
+    ``written_before``: ``written_storages`` before the op, if taken;
+    ``scan``: what runs the scan, ``PythonScan`` unless given)."""
     if p is None:
         p = plan(func)
-    found: dict = {}
-    count = len(args)
     arguments = p.arguments
     if p.training is not None and _in_training(p, args, kwargs):
         arguments = p.training_arguments
-    if _native_scan is _native_module:  # the whole scan below in one native call
-        return _native_op(arguments, p.by_name if arguments is p.arguments else
-                          {name: mode for _, name, mode in arguments}, p.fresh_returns, not p.allocates_only,
-                          args, kwargs, outputs, tracked, written_before)
-    if _native_scan is not None:
-        _native_scan.arguments(found, arguments, args, tracked)
-        note_all = _native_scan.value
-    else:
-        note_all = _note_all
+    by_name = p.by_name if arguments is p.arguments else {name: mode for _, name, mode in arguments}
+    return (scan or PythonScan).op(arguments, by_name, p.fresh_returns, not p.allocates_only, args, kwargs,
+                                   outputs, tracked, written_before)
+
+
+class PythonScan:
+    """The scan of an op's tensor arguments, in Python (the reference); the
+    C scan (``native.py``) has the same two functions."""
+
+    @staticmethod
+    def written(arguments: tuple, args: tuple, kwargs: dict) -> list:
+        """(tensor, storage address) of each tensor of a written argument."""
+        found = []
+        for i, name, mode in arguments:
+            value = args[i] if i < len(args) else kwargs.get(name)
+            if mode and value is not None:
+                found += [(t, _address(t)) for t in _tensors(value)]
+        return found
+
+    @staticmethod
+    def op(arguments: tuple, by_name: dict, fresh_returns: tuple, written: bool, args: tuple, kwargs: dict,
+           outputs: Any, tracked: Callable, written_before: Optional[list]) -> list:
+        """An op's ``StorageAccess`` entries: its ``arguments`` (position,
+        name, mode), those passed by keyword (``by_name``), its fresh
+        outputs (written unless ``written`` is False: an empty-like
+        factory's), and the written arguments it moved to a new block."""
+        found: dict = {}
+        count = len(args)
         for i, name, mode in arguments:
             if i < count:
                 _note_all(found, args[i], mode, name, False, tracked)
-    if kwargs:
-        by_name = p.by_name if arguments is p.arguments else {name: mode for _, name, mode in arguments}
-        for name, value in kwargs.items():
-            mode = by_name.get(name)
-            if mode is not None:
-                note_all(found, value, mode, name, False, tracked)
-    if p.fresh_returns:
-        written = not p.allocates_only
-        for fresh, value in zip(p.fresh_returns, _outputs(len(p.fresh_returns), outputs)):
-            if fresh:
-                note_all(found, value, written, "out", True, tracked)
-    if written_before:
-        for t, before in written_before:
-            entry = found.get(_address(t))
-            if entry is not None and entry.storage != before:  # moved to a block the op allocated
-                entry.fresh = True
-    return list(found.values()) if found else []
-
-
-_native_scan = native.scan  # the scan below in C (_scan.c), or None
-# op_accesses makes one native call while _native_scan is still this module (not replaced, not None)
-_native_module = _native_scan if _native_scan is not None else object()
-_native_op = _native_scan.op if _native_scan is not None else None
-_native_written = _native_scan.written if _native_scan is not None else None
-if _native_scan is not None:
-    _native_scan.configure(StorageAccess, (torch.Tensor, torch.nn.Parameter), lambda value: _tensors(value),
-                           lambda t: _holders(t))
-    if native.op_feed is not None:  # the feed reads StorageAccess's slots directly
-        native.op_feed.configure_access(_native_scan.AccessBase)
+        if kwargs:
+            for name, value in kwargs.items():
+                mode = by_name.get(name)
+                if mode is not None:
+                    _note_all(found, value, mode, name, False, tracked)
+        if fresh_returns:
+            for fresh, value in zip(fresh_returns, _outputs(len(fresh_returns), outputs)):
+                if fresh:
+                    _note_all(found, value, written, "out", True, tracked)
+        if written_before:
+            for t, before in written_before:
+                entry = found.get(_address(t))
+                if entry is not None and entry.storage != before:  # moved to a block the op allocated
+                    entry.fresh = True
+        return list(found.values()) if found else []
 
 
 def _note_all(found: dict, value, is_write: bool, name: str, fresh: bool, tracked: Callable) -> None:
@@ -283,7 +285,7 @@ def _note(found: dict, t: torch.Tensor, is_write: bool, name: str, fresh: bool, 
     entry = found.get(ptr)
     if entry is None:
         # an empty-like factory's output is allocated, not accessed
-        entry = found[ptr] = StorageAccess(ptr, t, max(t.get_device(), 0), fresh, not fresh or is_write)
+        entry = found[ptr] = PythonStorageAccess(ptr, t, max(t.get_device(), 0), fresh, not fresh or is_write)
     elif fresh and not entry.fresh:
         # an output the schema calls fresh on an input's storage is an alias the schema does not
         # declare (aten::_unsafe_view): a view, no data written
@@ -340,7 +342,7 @@ def resize_accesses(t: torch.Tensor, before: int, write: bool) -> list:
     ptr = before if not write else t.untyped_storage().data_ptr()
     if not ptr:
         return []
-    entry = StorageAccess(ptr, t, max(t.get_device(), 0), fresh=write, accessed=True)
+    entry = PythonStorageAccess(ptr, t, max(t.get_device(), 0), fresh=write, accessed=True)
     entry.is_write = write
     entry.names.append("self")
     return [entry]

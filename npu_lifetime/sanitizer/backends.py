@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import operator
 import threading
+import types
 import weakref
 from typing import Callable, Optional
 
 import torch
 
 from .. import simdevice
-from . import native, trace_bridge
 from ..recording import watchers
-from .hub import DEVICE_ONLY, KEY_LAST, Hub
+from .hub import DEVICE_ONLY, KEEP_ARGS, KEY_LAST, Hub
 
 
 class DeviceUnavailable(RuntimeError):
@@ -41,10 +41,14 @@ class Backend:
         self._connected = False
         self._lock = threading.Lock()
 
-    def connect(self) -> None:
+    def connect(self, parts) -> None:
+        """Connects the device's callbacks to the hub, once per process,
+        with the deliveries of ``parts`` (``native.Parts``: its
+        ``event_subscriber`` and ``trace_delivery``; the default parts at
+        the first ``enable()``: every sanitizer of the device shares them)."""
         with self._lock:
             if not self._connected:
-                self._connect()
+                self._connect(parts)
                 self._connected = True
 
     def tracks(self, tensor: torch.Tensor) -> bool:
@@ -78,7 +82,7 @@ class Backend:
     def check_available(self) -> None:
         raise NotImplementedError
 
-    def _connect(self) -> None:
+    def _connect(self, parts) -> None:
         raise NotImplementedError
 
     def current_stream(self, device_index: int) -> tuple:
@@ -102,14 +106,18 @@ class _TraceBackend(Backend):
     # says it instead (_patch_stream_constructor)
     creation_is_a_constructor_call = False
 
-    def _register_trace(self, register: Callable) -> None:
+    def _register_trace(self, register: Callable, parts) -> None:
         """``register(kind, callback)`` for each trace kind."""
-        subscriber, device = self.hub.subscriber, self._raw_stream_calls()[0]  # the device: a C call
+        hub, device = self.hub, self._raw_stream_calls()[0]  # the device: a C call
+
+        def subscriber(name, current_device=None, keying=KEEP_ARGS):
+            return parts.event_subscriber(hub, name, current_device, keying)
+
         register("event_creation", subscriber("on_event_created"))
         register("event_deletion", subscriber("on_event_deleted"))
         register("event_record", subscriber("on_event_record", device, KEY_LAST))
         register("event_wait", subscriber("on_event_wait", device, KEY_LAST))
-        allocated, freed = self._memory_subscribers()
+        allocated, freed = parts.trace_delivery.memory_subscribers(self)
         register("memory_allocation", allocated)
         register("memory_deallocation", freed)
         register("stream_creation", subscriber("on_stream_created", device, KEY_LAST))
@@ -117,33 +125,10 @@ class _TraceBackend(Backend):
         register("stream_synchronization", subscriber("on_stream_sync", device, KEY_LAST))
         register("event_synchronization", subscriber("on_event_sync"))
 
-    def _memory_subscribers(self) -> tuple:
-        """The allocation and free subscribers, called on every allocation
-        and free: _trace_hook.c's, each one C call to the sanitizers'
-        storage feeds, where it was built; else the hub's Python delivery."""
-        if native.trace_hook is None:
-            allocated, freed = self.hub.direct("on_trace_alloc"), self.hub.direct("on_trace_free")
-            return (lambda ptr: allocated(ptr, self.current_device())), freed
-        device, raw_stream = self._raw_stream_calls()
-        return (native.trace_hook.Deliver(self.hub, False, device, raw_stream),
-                native.trace_hook.Deliver(self.hub, True, device, raw_stream))
-
     def _raw_stream_calls(self) -> tuple:
         """``(current device index (), current stream's raw handle (device))``,
         as C functions: called from C at every allocation."""
         raise NotImplementedError
-
-    @staticmethod
-    def _shortcut(registry, subscriber) -> None:
-        """The registry's ``fire_callbacks`` (looked up by torch at each
-        trace) calls ``subscriber`` straight away while it is the only one
-        (_trace_hook.Fire: no Python frame of torch's loop per allocation,
-        free or event; other subscribers, CSAN's, still get theirs in
-        order)."""
-        fire = registry.fire_callbacks
-        if native.trace_hook is not None and isinstance(getattr(registry, "callback_list", None), list) \
-                and not isinstance(fire, native.trace_hook.Fire):
-            registry.fire_callbacks = native.trace_hook.Fire(registry.callback_list, subscriber, fire)
 
     def _patch_queries(self, event_class, stream_class, event_handle: Callable) -> None:
         """A query that returned True is a host synchronisation the trace
@@ -183,6 +168,31 @@ class _TraceBackend(Backend):
         stream_class.__new__ = staticmethod(__new__)
 
 
+class TraceDelivery:
+    """The device trace's allocations and frees to the hub's sinks, in
+    Python (the reference; ``native.py``'s C one has the same two
+    functions, with one C call per allocation or free)."""
+
+    @staticmethod
+    def memory_subscribers(backend: _TraceBackend) -> tuple:
+        """The allocation and free subscribers of ``backend``'s trace:
+        the hub's Python delivery, on the current stream."""
+        allocated, freed = backend.hub.direct("on_trace_alloc"), backend.hub.direct("on_trace_free")
+        return (lambda ptr: allocated(ptr, backend.current_device())), freed
+
+    @staticmethod
+    def shortcut(registry, subscriber) -> None:
+        """Lets ``registry`` (torch's callbacks of one trace kind) call
+        ``subscriber`` without torch's loop while it is the only one: the
+        C delivery's (``_trace_hook.Fire``); in Python, torch's loop stays."""
+
+    @staticmethod
+    def install_bridge() -> None:
+        """With torch's GPU trace active: torch's trace delivered without
+        its import per event (the C++ bridge, ``trace_bridge.py``); in
+        Python, torch's own delivery stays."""
+
+
 def _blocks_from_snapshot(segments, stream_field: str = "stream") -> dict:
     blocks: dict = {}
     for segment in segments:
@@ -209,22 +219,22 @@ class CudaBackend(_TraceBackend):
                 "tensors with npu_lifetime.simdevice streams."
             )
 
-    def _connect(self) -> None:
+    def _connect(self, parts) -> None:
         from torch.cuda import _gpu_trace
 
         torch._C._activate_gpu_trace()
-        trace_bridge.install()  # the same delivery, without torch's import per event
+        parts.trace_delivery.install_bridge()  # the same delivery, without torch's import per event
         registered: dict = {}
 
         def register(kind: str, cb: Callable) -> None:
             getattr(_gpu_trace, f"register_callback_for_{kind}")(cb)
             registered[kind] = cb
 
-        self._register_trace(register)
+        self._register_trace(register, parts)
         for kind, subscriber in registered.items():  # event_record -> EventRecordCallbacks
             registry = getattr(_gpu_trace, "".join(w.capitalize() for w in kind.split("_")) + "Callbacks", None)
             if registry is not None:
-                self._shortcut(registry, subscriber)
+                parts.trace_delivery.shortcut(registry, subscriber)
         self._patch_queries(torch.cuda.Event, torch.cuda.Stream, lambda e: e.cuda_event)
         self._patch_stream_constructor(torch.cuda.Stream)
 
@@ -292,7 +302,7 @@ class NpuBackend(_TraceBackend):
         if not torch.npu.is_available():
             raise DeviceUnavailable("the lifetime sanitizer was asked for 'npu', but torch_npu sees no NPU")
 
-    def _connect(self) -> None:
+    def _connect(self, parts) -> None:
         import torch_npu
         import torch_npu.utils._npu_trace as npu_trace
 
@@ -301,10 +311,10 @@ class NpuBackend(_TraceBackend):
         def register(kind: str, cb: Callable) -> None:
             getattr(npu_trace, f"register_callback_for_npu_{kind}")(cb, f"npu_lifetime_{kind}")
 
-        self._register_trace(register)
-        subscriber, device = self.hub.subscriber, self._raw_stream_calls()[0]
-        register("record_stream", subscriber("on_record_stream_ptr", device, KEY_LAST))
-        register("erase_stream", subscriber("on_erase_stream_ptr", device, KEY_LAST))
+        self._register_trace(register, parts)
+        device = self._raw_stream_calls()[0]
+        register("record_stream", parts.event_subscriber(self.hub, "on_record_stream_ptr", device, KEY_LAST))
+        register("erase_stream", parts.event_subscriber(self.hub, "on_erase_stream_ptr", device, KEY_LAST))
         self._patch_queries(torch_npu.npu.Event, torch_npu.npu.Stream, lambda e: e.npu_event)
         for stream_class in (torch_npu.npu.Stream, getattr(torch_npu.npu, "SyncLaunchStream", None)):
             if stream_class is not None:  # SyncLaunchStream is a class of its own, not a Stream
@@ -363,8 +373,8 @@ class SimBackend(Backend):
     def check_available(self) -> None:
         return None
 
-    def _connect(self) -> None:
-        simdevice.add_listener(_SimListener(self.hub))
+    def _connect(self, parts) -> None:
+        simdevice.add_listener(sim_listener(self.hub, parts.event_subscriber))
         _patch_storage_moves(self.hub)
         _patch_read_backs(self.hub)
         simdevice.autograd_streams()
@@ -482,29 +492,20 @@ def _patch_read_backs(hub: Hub) -> None:
         setattr(torch.Tensor, name, read_back)
 
 
-class _SimListener:
-    """The simulated device's listener: each of its notifications becomes a
-    device event of the simulated backend's hub."""
-
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        if native.event_hook is not None:  # the device events' native delivery, in place of _forward's
-            for name in _SIM_EVENTS:
-                setattr(self, name, hub.subscriber(name))
-
-
-def _forward(name: str):
-    def method(self, *args):
-        self.hub.event(name, *args)
-
-    method.__name__ = name
-    return method
-
-
 _SIM_EVENTS = ("on_stream_created", "on_event_created", "on_event_deleted", "on_event_record",
                "on_event_wait", "on_event_sync", "on_stream_sync", "on_device_sync", "record_stream")
-for _name in _SIM_EVENTS:
-    setattr(_SimListener, _name, _forward(_name))
+
+
+class _SimListener(types.SimpleNamespace):
+    """The simulated device's listener: each of its notifications becomes a
+    device event of the simulated backend's hub, delivered by its
+    subscriber (an attribute per notification, ``sim_listener``)."""
+
+
+def sim_listener(hub: Hub, event_subscriber: Callable) -> _SimListener:
+    """The listener whose subscribers are ``event_subscriber(hub, name,
+    device, keying)``'s (``Parts.event_subscriber``)."""
+    return _SimListener(**{name: event_subscriber(hub, name, None, KEEP_ARGS) for name in _SIM_EVENTS})
 
 
 _BACKENDS: dict = {}

@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..lifetime.op_order import HOST_SYNC, OTHER, RECORD, WAIT, access_point, first_waiter, output_point
 from ..recording import watchers  # (the package defines the op npu_lifetime::record_use)
-from . import accesses, collectives, native, sites, threads
-from .hub import OpFrame, on_thread
+from . import accesses, collectives
+from .hub import on_thread
 
 _lock = threading.Lock()
 _active: tuple = ()  # enabled sanitizers (replaced, never mutated)
@@ -34,6 +34,8 @@ _backends: tuple = ()  # their distinct backends
 _op_hooked: tuple = ()  # those with before_op / inside_op hooks (the simulated device)
 _depth = 8  # user frames per site: the most any enabled sanitizer asked for
 _mode: Optional["_Mode"] = None
+_fast_path = None  # the C dispatch (Parts.dispatch) a mode was bound to, once one was: its common op's state
+_armed: dict = {}  # the followers (Parts.running_threads) that armed running threads, until the last disable
 
 _KINDS = {
     "on_event_record": lambda args: (RECORD, args[1]),
@@ -49,14 +51,20 @@ def active() -> tuple:
 
 
 def activate(sanitizer) -> None:
-    global _mode
+    """Enables ``sanitizer``; a new mode takes its parts' dispatch (C's
+    fast path, or the Python body alone)."""
+    global _mode, _fast_path
+    parts = sanitizer.parts
     with _lock:
+        if parts.dispatch is not None:
+            _fast_path = parts.dispatch
         if sanitizer not in _active:
             _set_active((*_active, sanitizer))
         if _mode is None or _mode not in _get_current_dispatch_mode_stack():
-            _mode = _Mode()
+            _mode = _Mode(parts.dispatch)
             _mode.__enter__()
-        threads.follow_running(follow_this_thread)
+        _armed[parts.running_threads] = True
+        parts.running_threads.follow_running(follow_this_thread)
 
 
 def follow_this_thread() -> None:
@@ -77,19 +85,21 @@ def deactivate(sanitizer) -> None:
         try:
             _set_active(rest)
         except Exception:  # the C path's state for the rest failed: their ops take the Python body
-            _set_active(rest, native_state=False)
+            _set_active(rest, fast_path=False)
         stack = _get_current_dispatch_mode_stack()
         if not _active:
-            threads.stop_following()
+            for follower in _armed:
+                follower.stop_following()
+            _armed.clear()
         if not _active and _mode is not None and stack and stack[-1] is _mode:
             _mode.__exit__(None, None, None)
             _mode = None
 
 
-def _set_active(sanitizers: tuple, native_state: bool = True) -> None:
+def _set_active(sanitizers: tuple, fast_path: bool = True) -> None:
     """Makes ``sanitizers`` the enabled ones; all or nothing (what can fail comes first)."""
     global _active, _backends, _depth, _op_hooked
-    state = _native_state(sanitizers) if native_state and _native_dispatch is not None else None
+    state = _fast_path_state(sanitizers) if fast_path and _fast_path is not None else None
     by_type: dict = {}
     for s in sanitizers:
         by_type.setdefault(s.backend.device_type, ())
@@ -99,8 +109,8 @@ def _set_active(sanitizers: tuple, native_state: bool = True) -> None:
     _depth = max((s.stack_depth for s in sanitizers), default=8)
     watchers.publish(by_type)  # record_use, record_stream, erase_stream reach these sanitizers from there
     _active = sanitizers
-    if _native_dispatch is not None:
-        _native_dispatch.common(state)
+    if _fast_path is not None:
+        _fast_path.common(state)
 
 
 def _lifetime_ops() -> tuple:
@@ -108,14 +118,14 @@ def _lifetime_ops() -> tuple:
 
 
 class _Mode(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, fast_path=None) -> None:
         super().__init__()
         self._lifetime = _lifetime_ops()
-        if _native_dispatch is not None:
-            # __torch_dispatch__ in C, bound to this mode: the common op there, every other op the body
-            # below, without torch's Dynamo-disabling wrapper unless Dynamo is active on the thread
-            # (_dispatch.c)
-            self.__torch_dispatch__ = _native_dispatch.dispatcher(self)
+        if fast_path is not None:
+            # __torch_dispatch__ in C (Parts.dispatch), bound to this mode once, when it is made: the
+            # common op there, every other op the body below, without torch's Dynamo-disabling wrapper
+            # unless Dynamo is active on the thread
+            self.__torch_dispatch__ = fast_path.dispatcher(self)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -133,9 +143,10 @@ class _Mode(TorchDispatchMode):
             if plan.resizes:
                 return _resize(func, args, kwargs, sanitizers)
             return func(*args, **kwargs)
-        walk = sites._native_frames  # None: the Python walk (sites.capture)
-        frame = OpFrame(walk.capture(_depth, 0) if walk is not None else sites.capture(_depth, skip=1))
-        written_before = accesses.written_storages(plan, args, kwargs) if plan.writes else None
+        parts = sanitizers[0].parts  # the first sanitizer's walk and scan (each takes the other's entries)
+        scan = parts.scan
+        frame = parts.op_frame(parts.capture(_depth, 0))
+        written_before = accesses.written_storages(plan, args, kwargs, scan) if plan.writes else None
         outer, on_thread.frame = on_thread.frame, frame
         try:
             outputs = func(*args, **kwargs)
@@ -154,7 +165,7 @@ class _Mode(TorchDispatchMode):
         # the common op (one sanitizer, no in-op event, no collective): its accesses on the current stream
         sanitizer = sanitizers[0]
         backend = sanitizer.backend
-        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
+        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before, scan)
         if not found:
             return outputs
         device = found[0].device_index
@@ -172,50 +183,36 @@ class _Mode(TorchDispatchMode):
         return outputs
 
 
-def _native_dispatcher():
-    """_dispatch.c's dispatcher, configured with the body of ``_Mode.__torch_dispatch__``
-    and torch's wrapper of it; None without the native parts."""
-    if native.dispatch is None:
-        return None
-    from torch._C._dynamo.eval_frame import set_eval_frame
-
-    wrapped = _Mode.__dict__["__torch_dispatch__"]  # torch's Dynamo-disabled wrapper (TorchDispatchMode)
-    native.dispatch.configure(getattr(wrapped, "__wrapped__", wrapped), wrapped, set_eval_frame)
-    return native.dispatch
-
-
-_native_dispatch = _native_dispatcher()
 # the C path's guards: a test that replaces one of these gets the body
 _OP_ACCESSES, _PLAN, _WRITTEN_STORAGES = accesses.op_accesses, accesses.plan, accesses.written_storages
 
 
-def _native_state(sanitizers: tuple):
+def _fast_path_state(sanitizers: tuple):
     """What _dispatch.c needs to run the common op as the body does: its
     ``OpFeed``, each field named (documented there), or None: every op to
-    the body.  The guards send ops to the body while a test runs the Python
-    scan or walk."""
-    if len(sanitizers) != 1 or sanitizers[0].parts.dispatch is not _native_dispatch:
+    the body.  The guards send ops to the body while a test replaces a
+    function of the scan."""
+    if len(sanitizers) != 1 or sanitizers[0].parts.dispatch is not _fast_path:
         return None
-    return _native_dispatch.OpFeed(**_op_feed_fields(sanitizers))
+    return _fast_path.OpFeed(**_op_feed_fields(sanitizers))
 
 
 def _op_feed_fields(sanitizers: tuple) -> dict:
     """The OpFeed's fields for the one enabled sanitizer, by name."""
     sanitizer = sanitizers[0]
-    backend = sanitizer.backend
+    backend, parts = sanitizer.backend, sanitizer.parts
     hooked = (backend,) if backend.hooks_ops else ()
 
     def feed_held(func, plan, args, kwargs, outputs, frame, written_before):
         return _feed(func, plan, args, kwargs, outputs, frame, sanitizers, written_before)
 
-    guards = ((vars(accesses), "op_accesses", _OP_ACCESSES), (vars(accesses), "_native_scan", native.scan),
-              (vars(accesses), "plan", _PLAN), (vars(accesses), "written_storages", _WRITTEN_STORAGES),
-              (vars(sites), "_native_frames", native.frames))
+    guards = ((vars(accesses), "op_accesses", _OP_ACCESSES), (vars(accesses), "plan", _PLAN),
+              (vars(accesses), "written_storages", _WRITTEN_STORAGES))
     return dict(
         sanitizer=sanitizer, backend=backend, tracked=backend.tracks, op_device=_op_device,
         before_op=tuple(b.before_op for b in hooked), inside_op=tuple(b.inside_op for b in hooked),
-        depth=sanitizer.stack_depth, capture=native.frames.capture, op_frame=OpFrame, on_thread=on_thread,
-        replay_held=_replay_held, feed_held=feed_held, written_storages=native.scan.written, scan_op=native.scan.op,
+        depth=sanitizer.stack_depth, capture=parts.capture, op_frame=parts.op_frame, on_thread=on_thread,
+        replay_held=_replay_held, feed_held=feed_held, written_storages=parts.scan.written, scan_op=parts.scan.op,
         plan=_PLAN, lifetime_ops=_lifetime_ops(), guards=guards, stream_handle=backend.stream_handle,
         **_apply_parts(sanitizer), binding=_op_binding, forwarder=_op_forwarder())
 
@@ -273,7 +270,8 @@ def _resize(func, args, kwargs, sanitizers: tuple):
             growing[backend] = (t, t.untyped_storage().data_ptr())
     if not growing:
         return func(*args, **kwargs)
-    frame = OpFrame(sites.capture(_depth, skip=2))
+    parts = sanitizers[0].parts
+    frame = parts.op_frame(parts.capture(_depth, 1))
     op_name = func._schema.name
     error = None
 
@@ -305,18 +303,19 @@ def _resize(func, args, kwargs, sanitizers: tuple):
     return outputs
 
 
-def _replay_held(frame: OpFrame) -> None:
+def _replay_held(frame) -> None:
     for hub, name, args in frame.held:
         hub.deliver(name, args)
 
 
-def _feed(func, plan, args, kwargs, outputs, frame: OpFrame, sanitizers: tuple, written_before=None):
+def _feed(func, plan, args, kwargs, outputs, frame, sanitizers: tuple, written_before=None):
     """Replays the op into each sanitizer; returns the first error one of
     them wants raised (a data race under ``on_race="raise"``)."""
     error = None
     op_name = plan.name
+    scan = sanitizers[0].parts.scan
     for backend in _backends:
-        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before)
+        found = accesses.op_accesses(func, args, kwargs, outputs, backend.tracks, plan, written_before, scan)
         events = [(name, a) for hub, name, a in frame.held if hub is backend.hub] if frame.held else ()
         if not found and not events:
             continue

@@ -14,8 +14,6 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from . import native
-
 # how a device event's subscriber turns its arguments into the sinks' (Hub.subscriber)
 KEEP_ARGS, KEY_LAST, DEVICE_ONLY = 0, 1, 2
 
@@ -35,10 +33,10 @@ class _OpOnThread(threading.local):
 on_thread = _OpOnThread()
 
 
-class _OpFrame:
+class OpFrame:
     """The op being dispatched on this thread: its site, and the device
-    events it issued, held until its accesses are known (native:
-    _dispatch.c's OpFrame, the same slots)."""
+    events it issued, held until its accesses are known (the C dispatch's
+    OpFrame has the same slots: ``Parts.op_frame``)."""
 
     __slots__ = ("site", "held")
 
@@ -46,8 +44,6 @@ class _OpFrame:
         self.site = site
         self.held: list = []  # (hub, name, args)
 
-
-OpFrame = native.dispatch.OpFrame if native.dispatch is not None else _OpFrame
 
 
 class Hub:
@@ -82,18 +78,24 @@ class Hub:
         """A subscriber delivering the device event ``name`` as ``event``
         does, its arguments made the sinks' by ``keying``: as given; the last
         one, a stream handle, made the key ``(device(), handle)``; or
-        ``(device(),)`` for an event with no argument.  _event_hook.c's where
-        it was built (no Python frame per event), else Python's."""
-        if native.event_hook is not None:
-            return native.event_hook.Event(self, name, name in HELD, on_thread, device, keying)
-        return self._python_subscriber(name, device, keying)
-
-    def _python_subscriber(self, name: str, device: Optional[Callable], keying: int):
-        event = self.event
+        ``(device(),)`` for an event with no argument.  In Python (the
+        reference of ``Parts.event_subscriber``, whose C one makes no Python
+        frame per event)."""
+        event, hub = self.event, self
         if keying == KEY_LAST:
-            return lambda *args: event(name, *args[:-1], (device(), args[-1]))
+            def key_last(*args) -> None:
+                if hub.sinks:  # with no sink, the device is not asked (as in C)
+                    if not args:
+                        raise TypeError(f"{name} takes a stream handle last")
+                    event(name, *args[:-1], (device(), args[-1]))
+
+            return key_last
         if keying == DEVICE_ONLY:
-            return lambda: event(name, device())
+            def device_only() -> None:
+                if hub.sinks:
+                    event(name, device())
+
+            return device_only
         return lambda *args: event(name, *args)
 
     def direct(self, name: str):

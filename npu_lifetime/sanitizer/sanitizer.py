@@ -97,7 +97,7 @@ class LifetimeSanitizer:
     hold kept safe).  ``strict`` also fails live storages' uses that a free
     now would leave uncovered.
 
-    ``parts``: the implementation of its lock, feeds and model (``native.Parts``):
+    ``parts``: the implementation of each of its parts (``native.Parts``):
     C where built unless told (``native.python_parts()``: the reference).
     """
 
@@ -155,9 +155,7 @@ class LifetimeSanitizer:
         model (``on_shim_alloc``, ``_free``, ``_trace_alloc``, ``_trace_free``
         go through it)."""
         storages, model = self.storages, self.model
-        walk = sites._native_frames  # skip counts from the innermost Python frame, the program's here
-        capture = partial(walk.capture, self.stack_depth, 0) if walk is not None \
-            else partial(sites.capture, self.stack_depth, 1)
+        capture = partial(self.parts.capture, self.stack_depth, 0)  # 0: the innermost Python frame, the program's
         return self.parts.storage_feed(
             self, self._rlock, self._shim, storages.live, storages.sizeless, storages._ids, storages._blocks_before,
             model.allocate, model.free, model.has_stream, self._stream, on_thread, capture)
@@ -174,7 +172,7 @@ class LifetimeSanitizer:
         if self.enabled:
             return self
         _patch_threads()
-        self.backend.connect()
+        self.backend.connect(default_parts())  # the device's deliveries, shared by its sanitizers
         self.storages.take_snapshot()
         self._unchecked_before = Counter(accesses.UNCHECKED)
         try:  # all or nothing: a failure leaves no part connected
@@ -390,10 +388,11 @@ class LifetimeSanitizer:
         arguments.stream_key("declare_access", stream_key)
         if not self.backend.tracks(tensor):
             return
-        site = sites.capture(self.stack_depth, skip=2)
+        site = self.parts.capture(self.stack_depth, 1)
         found = []
         for held in storage_holders.holders(tensor):
-            access = accesses.StorageAccess(held.untyped_storage().data_ptr(), held, held.device.index or 0, False, True)
+            access = accesses.PythonStorageAccess(held.untyped_storage().data_ptr(), held, held.device.index or 0, False,
+                                                 True)
             access.is_write = is_write
             access.names.append("declared")
             found.append(access)
@@ -406,7 +405,7 @@ class LifetimeSanitizer:
         does not see (the simulated device's hand-off harness)."""
         arguments.tensor("track_allocation", tensor)
         arguments.stream_key("track_allocation", stream_key)
-        site = sites.capture(self.stack_depth, skip=2)
+        site = self.parts.capture(self.stack_depth, 1)
         storage = tensor.untyped_storage()
         with self._lock:
             self.storages.allocate(storage.data_ptr(), storage.nbytes(), self._stream(stream_key), site, tensor)
@@ -414,7 +413,7 @@ class LifetimeSanitizer:
     def _storage_call(self, tensor, stream_key, call) -> None:
         if not self.backend.tracks(tensor):
             return
-        site = sites.capture(self.stack_depth, skip=3)
+        site = self.parts.capture(self.stack_depth, 2)
         for held in storage_holders.holders(tensor):  # its own storage, or those holding its memory
             storage = held.untyped_storage()
             with self._lock:
@@ -531,7 +530,7 @@ class LifetimeSanitizer:
         handler in C, which has no frame).  The walk passes over this
         package's and torch's frames up to the program's."""
         frame = on_thread.frame
-        return frame.site if frame is not None else sites.capture(self.stack_depth, skip=skip)
+        return frame.site if frame is not None else self.parts.capture(self.stack_depth, skip - 1)
 
     def on_wait_stream(self, waiter, waitee) -> None:
         self._events.on_wait_stream(waiter, waitee)
@@ -668,7 +667,7 @@ class LifetimeSanitizer:
     def _site(self):
         """The current op's site when inside one, else a fresh capture."""
         frame = on_thread.frame
-        return frame.site if frame is not None else sites.capture(self.stack_depth, skip=3)
+        return frame.site if frame is not None else self.parts.capture(self.stack_depth, 2)
 
 
     # -- announcing ---------------------------------------------------------------------

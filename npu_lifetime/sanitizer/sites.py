@@ -18,8 +18,6 @@ import sysconfig
 import threading
 from typing import Optional
 
-from .native import frames as _native_frames  # the walk in C, or None: the Python walk below
-
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # this package's files that stand for the user's program: the built-in demo and the corpus's cases
 _USER_PROGRAMS = (os.path.join(_PACKAGE_DIR, "viz", "demo.py"), os.path.join(_PACKAGE_DIR, "corpus", "cases") + os.sep)
@@ -117,17 +115,36 @@ def _frameless_context(library: tuple) -> str:
     return where
 
 
-# the native capture makes sites itself: Site's slots are then its C base's
-_SiteBase = _native_frames.SiteBase if _native_frames is not None else object
-
-
-class Site(_SiteBase):
+class Site:
     """The user frames (innermost first) above the point of capture, and the
     innermost library (torch) frames below them.  Captured as (code,
     instruction offset) pairs; ``frames`` and ``library`` give (code, line)
-    pairs, worked out on first use."""
+    pairs, worked out on first use.
 
-    __slots__ = () if _SiteBase is not object else ("raw_frames", "raw_library", "context", "_frames", "_library")
+    The slots are a subclass's: ``PythonSite``'s below, or those of the C
+    walk's base (``native.py`` makes that class)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def _line(code, offset: int) -> Optional[int]:
+        """The line of an instruction offset: what ``f_lineno`` reads, in Python."""
+        for start, end, line in code.co_lines():
+            if start <= offset < end:
+                return line
+        return None
+
+    @classmethod
+    def frameless(cls, library: tuple) -> "Site":
+        """The site of a capture that found no user frame (``library``: the
+        library frames' (code, instruction offset) pairs)."""
+        library_lines = cls._with_lines(library)
+        return cls((), library_lines, _frameless_context(library_lines))
+
+    @classmethod
+    def _with_lines(cls, pairs: tuple) -> tuple:
+        """(code, instruction offset) pairs as (code, line) pairs."""
+        return tuple((code, cls._line(code, offset)) for code, offset in pairs)
 
     def __init__(self, frames: tuple, library: tuple = (), context: str = "", offsets: bool = False) -> None:
         # offsets: the pairs hold instruction offsets (a capture); else line numbers
@@ -141,14 +158,14 @@ class Site(_SiteBase):
     def frames(self) -> tuple:
         """((code, lineno), ...), innermost first."""
         if self._frames is None:
-            self._frames = _with_lines(self.raw_frames)
+            self._frames = self._with_lines(self.raw_frames)
         return self._frames
 
     @property
     def library(self) -> tuple:
         """((code, lineno), ...): torch's, innermost first."""
         if self._library is None:
-            self._library = _with_lines(self.raw_library)
+            self._library = self._with_lines(self.raw_library)
         return self._library
 
     def user_frames(self) -> list:
@@ -178,6 +195,12 @@ class Site(_SiteBase):
 
     def __repr__(self) -> str:
         return f"Site({self.innermost()})"
+
+
+class PythonSite(Site):
+    """A site made by the Python walk (``capture``)."""
+
+    __slots__ = ("raw_frames", "raw_library", "context", "_frames", "_library")
 
 
 class Untracked:
@@ -220,32 +243,20 @@ _kind_of: dict = {}
 _MAX_WALK = 128  # frames looked at, at most
 
 
-def capture(depth: int = 8, skip: int = 1) -> Optional[Site]:
-    """The innermost ``depth`` user frames above the caller's ``skip``-th
-    frame, up to the code that runs the user's; and the library frames
-    between the capture and the first user frame (at most 8)."""
-    if _native_frames is not None:  # all of the below in C (_frames.c), the site included
-        return _native_frames.capture(depth, skip)
+def capture(depth: int = 8, skip: int = 0) -> Optional[Site]:
+    """The innermost ``depth`` user frames above the ``skip``-th frame above
+    the caller's (0: the caller's own), up to the code that runs the user's;
+    and the library frames between the capture and the first user frame (at
+    most 8).  The Python walk; C's (``native.py``) takes the same arguments."""
     if depth <= 0:
         return None
     phase_text = _phase.text
     if phase_text:  # a runner's own step (its garbage collection): the frames above are not the program's
-        return Site((), (), phase_text)
-    frames, library = _walk(sys._getframe(skip), depth)
+        return PythonSite((), (), phase_text)
+    frames, library = _walk(sys._getframe(skip + 1), depth)
     if not frames:
-        return _frameless_site(library)
-    return Site(frames, library, offsets=True)
-
-
-def _frameless_site(library: tuple) -> Site:
-    """The site of a capture that found no user frame (``library``: the
-    library frames' (code, instruction offset) pairs)."""
-    library_lines = _with_lines(library)
-    return Site((), library_lines, _frameless_context(library_lines))
-
-
-if _native_frames is not None:
-    _native_frames.configure(Site, _classify, _frameless_site, _phase, _MAX_WALK, _LIBRARY_FRAMES)
+        return PythonSite.frameless(library)
+    return PythonSite(frames, library, offsets=True)
 
 
 def _walk(frame, depth: int) -> tuple:
@@ -273,17 +284,3 @@ def _walk(frame, depth: int) -> tuple:
         frame = frame.f_back
         walked += 1
     return tuple(frames), tuple(library)
-
-
-def _with_lines(pairs: tuple) -> tuple:
-    """(code, instruction offset) pairs as (code, line) pairs."""
-    return tuple((code, _line(code, offset)) for code, offset in pairs)
-
-
-def _line(code, offset: int) -> Optional[int]:
-    if _native_frames is not None:
-        return _native_frames.lineno(code, offset)
-    for start, end, line in code.co_lines():  # what f_lineno reads, in Python
-        if start <= offset < end:
-            return line
-    return None

@@ -8,13 +8,13 @@ enabled, every other thread pushes the same mode on its own stack
 - a thread started later, from Python (``Thread.start``: thread pools and
   DataLoader's pin-memory thread are such threads), when it starts to run;
 - a thread already running, at its next Python event: a one-shot profile
-  function set on each of them (``_threads.c`` on CPython 3.11 and 3.12,
-  which keeps the profile function the thread had; elsewhere
+  function set on each of them (``RunningThreads``, the Python reference:
   ``sys._setprofileallthreads``, half of
   ``threading.setprofile_all_threads``, which replaces other threads'
-  profile functions).  With neither (the pure-Python sanitizer on 3.11),
-  threads already running are not followed: ``following_running_threads``
-  says so.
+  profile functions; the C one, ``Parts.running_threads``, keeps the
+  profile function the thread had).  Without either (the pure-Python
+  sanitizer on 3.11), threads already running are not followed:
+  ``following_running_threads`` says so.
 
 A thread that took the mode keeps it after ``disable()``: with no sanitizer
 enabled it passes every op through untouched.  Threads started from C++
@@ -27,41 +27,34 @@ import sys
 import threading
 from typing import Callable
 
-from . import native
 
-_native = native.threads
+class RunningThreads:
+    """Threads already running when a sanitizer is enabled, followed in
+    Python (the C one, ``native.py``'s, has the same three functions)."""
 
+    @staticmethod
+    def following_running_threads() -> bool:
+        """Whether threads already running when a sanitizer is enabled are followed."""
+        return hasattr(sys, "_setprofileallthreads")
 
-def _native_works() -> bool:
-    return _native is not None and sys.version_info[:2] in ((3, 11), (3, 12))
+    @staticmethod
+    def follow_running(enter: Callable[[], None]) -> None:
+        """Arms every other running thread to call ``enter()`` at its next Python event."""
+        if not hasattr(sys, "_setprofileallthreads"):  # CPython 3.12+ (threading.setprofile_all_threads' half)
+            return
+        mine = sys.getprofile()
 
+        def one_shot(frame, event, arg):
+            sys.setprofile(None)
+            enter()
 
-def following_running_threads() -> bool:
-    """Whether threads already running when a sanitizer is enabled are followed."""
-    return _native_works() or hasattr(sys, "_setprofileallthreads")
+        sys._setprofileallthreads(one_shot)  # running threads only: Thread.start takes care of later ones
+        sys.setprofile(mine)  # this thread follows already, and its profiler stays its own
 
-
-def follow_running(enter: Callable[[], None]) -> None:
-    """Arms every other running thread to call ``enter()`` at its next Python event."""
-    if _native_works():
-        _native.follow(enter)
-        return
-    if not hasattr(sys, "_setprofileallthreads"):  # CPython 3.12+ (threading.setprofile_all_threads' half)
-        return
-    mine = sys.getprofile()
-
-    def one_shot(frame, event, arg):
-        sys.setprofile(None)
-        enter()
-
-    sys._setprofileallthreads(one_shot)  # running threads only: Thread.start takes care of later ones
-    sys.setprofile(mine)  # this thread follows already, and its profiler stays its own
-
-
-def stop_following() -> None:
-    """Disarms the running threads that have not taken the mode yet."""
-    if _native_works():
-        _native.cancel()
+    @staticmethod
+    def stop_following() -> None:
+        """Disarms the running threads that have not taken the mode yet
+        (nothing to do: the one-shot profile functions stay armed)."""
 
 
 def wrap_start(thread: threading.Thread, enter: Callable[[], None]) -> None:

@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..sanitizer import sites
+from ..sanitizer import native, sites
 from ..shim import api, hooks
 from .trace import check_events, shim_has_trace
 
@@ -51,6 +51,7 @@ class Recorder:
             raise ValueError(f"the trace capacity must be at least 1 event, not {capacity}")
         self.capacity = capacity
         self.stack_depth = stack_depth
+        self._capture = native.default().capture  # the sanitizer's stack walk: C where built
         self.has_trace = shim_has_trace()
         self._sites = {"alloc": defaultdict(deque), "free": defaultdict(deque)}
         self._subscription = None
@@ -90,10 +91,10 @@ class Recorder:
 
     # the hooks run inside the shim's alloc/free, on the calling thread
     def _on_alloc(self, ptr: int, _size: int, _device: int, _stream: int) -> None:
-        self._sites["alloc"][ptr].append(sites.capture(self.stack_depth, skip=2))
+        self._sites["alloc"][ptr].append(self._capture(self.stack_depth, 1))
 
     def _on_free(self, ptr: int, _size: int, _device: int, _stream: int) -> None:
-        self._sites["free"][ptr].append(sites.capture(self.stack_depth, skip=2))
+        self._sites["free"][ptr].append(self._capture(self.stack_depth, 1))
 
     def _match_sites(self, events: list) -> dict:
         """Each alloc/free event gets the site its hook saw: per address, the

@@ -43,7 +43,7 @@ def _body_calls(program) -> int:
 @pytest.fixture
 def body_only(monkeypatch):
     """Every op through the Python body (what the path is compared with)."""
-    monkeypatch.setattr(dispatch, "_native_state", lambda sanitizers: None)
+    monkeypatch.setattr(dispatch, "_fast_path_state", lambda sanitizers: None)
 
 
 def test_common_ops_skip_the_python_body():
@@ -67,15 +67,14 @@ def test_the_body_only_fixture_sends_every_op_to_the_body(body_only):
         assert _body_calls(lambda: a + b) == 1
 
 
-@pytest.mark.parametrize("name", ["_native_scan", "op_accesses", "plan", "written_storages"])
+@pytest.mark.parametrize("name", ["op_accesses", "plan", "written_storages"])
 def test_a_test_that_replaces_a_part_of_the_scan_gets_the_body(monkeypatch, name):
     from npu_lifetime.sanitizer import accesses
 
     a, b = torch.ones(8), torch.ones(8)
     real = getattr(accesses, name)
     with LifetimeSanitizer("sim", on_race="collect"):
-        monkeypatch.setattr(accesses, name, None if real is None or name == "_native_scan" else
-                            (lambda *args, **kwargs: real(*args, **kwargs)))
+        monkeypatch.setattr(accesses, name, lambda *args, **kwargs: real(*args, **kwargs))
         assert _body_calls(lambda: a.add_(b)) == 1
 
 
@@ -99,7 +98,7 @@ def _same_luck(report: str) -> str:
 def test_random_programs_get_the_same_reports_both_ways(steps):
     native_path = _full_reports(steps)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(dispatch, "_native_state", lambda sanitizers: None)
+        monkeypatch.setattr(dispatch, "_fast_path_state", lambda sanitizers: None)
         body = _full_reports(steps)
     assert _not_reuse(native_path) == _not_reuse(body)
 

@@ -37,8 +37,7 @@ def test_native_written_matches_the_python_loop_on_a_tensor_subclass():
 
         x = torch.ones(4).as_subclass(Sub)
         p = accesses.plan(torch.ops.aten.add_.Tensor)
-        accesses._native_scan = None  # the Python loop
-        expected = accesses.written_storages(p, (x, torch.ones(4)), {})
+        expected = accesses.written_storages(p, (x, torch.ones(4)), {})  # the Python loop
         got = native.scan.written(p.arguments, (x, torch.ones(4)), {})
         assert [(t is x, a) for t, a in got] == [(t is x, a) for t, a in expected], (got, expected)
         print("ok")
@@ -77,7 +76,7 @@ def _replay_failure(monkeypatch, body: bool, op=None):
     from npu_lifetime.sanitizer import LifetimeSanitizer, dispatch
 
     if body:
-        monkeypatch.setattr(dispatch, "_native_state", lambda sanitizers: None)
+        monkeypatch.setattr(dispatch, "_fast_path_state", lambda sanitizers: None)
 
     def replay_fails(frame):
         raise KeyError("replay")

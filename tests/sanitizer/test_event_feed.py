@@ -26,8 +26,7 @@ HANDLERS = ("on_event_created", "on_event_deleted", "on_event_record", "on_event
 def _parts(use_native: bool) -> native.Parts:
     """The native parts, with the event feed C's or Python's (the rest the same)."""
     parts = native.native_parts()
-    return parts if use_native else native.Parts("native, event feed python", parts.model, parts.host_lock,
-                                                 parts.op_feed, parts.storage_feed, feeds.EventFeed, parts.dispatch)
+    return parts if use_native else parts.replace(name="native, event feed python", event_feed=feeds.EventFeed)
 
 
 class _LoggingModel:

@@ -34,9 +34,15 @@ TRACE_EVENTS = [("event_creation", "on_event_created", KEEP_ARGS, 1),
 
 
 def _subscriber(hub: Hub, name: str, keying: int, use_native: bool, device=lambda: 3):
-    if use_native:
-        return hub.subscriber(name, device, keying)
-    return hub._python_subscriber(name, device, keying)
+    """``Parts.event_subscriber``: C's, or Python's (``Hub.subscriber``)."""
+    parts = native.native_parts() if use_native else native.python_parts()
+    return parts.event_subscriber(hub, name, device, keying)
+
+
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def subscriber(request):
+    """``subscriber(hub, name, device=None, keying=KEEP_ARGS)``, C's or Python's."""
+    return lambda hub, name, device=None, keying=KEEP_ARGS: _subscriber(hub, name, keying, request.param, device)
 
 
 class _Recorder:
@@ -83,21 +89,21 @@ def test_each_event_reaches_the_sinks_or_the_frame_in_order(seed):
     assert ("held", "on_record_stream_ptr") not in {(tag, name) for tag, name, _ in got}
 
 
-def test_the_keys_are_made_from_the_device():
+def test_the_keys_are_made_from_the_device(subscriber):
     log: list = []
     hub = Hub()
     hub.add(_Recorder("a", log))
-    hub.subscriber("on_event_record", lambda: 5, KEY_LAST)(7, 0x10)
-    hub.subscriber("on_device_sync", lambda: 5, DEVICE_ONLY)()
-    hub.subscriber("on_event_created", None, KEEP_ARGS)(7)
+    subscriber(hub, "on_event_record", lambda: 5, KEY_LAST)(7, 0x10)
+    subscriber(hub, "on_device_sync", lambda: 5, DEVICE_ONLY)()
+    subscriber(hub, "on_event_created", None, KEEP_ARGS)(7)
     assert log == [("a", "on_event_record", (7, (5, 0x10))), ("a", "on_device_sync", (5,)),
                    ("a", "on_event_created", (7,))]
 
 
-def test_no_sink_no_delivery_and_errors_reach_the_caller():
+def test_no_sink_no_delivery_and_errors_reach_the_caller(subscriber):
     hub = Hub()
     called = []
-    hub.subscriber("on_device_sync", lambda: called.append(1), DEVICE_ONLY)()
+    subscriber(hub, "on_device_sync", lambda: called.append(1), DEVICE_ONLY)()
     assert called == []  # no sink: not even the device asked
 
     class Failing:
@@ -106,9 +112,9 @@ def test_no_sink_no_delivery_and_errors_reach_the_caller():
 
     hub.add(Failing())
     with pytest.raises(RuntimeError, match="sink failed"):
-        hub.subscriber("on_event_created")(1)
+        subscriber(hub, "on_event_created")(1)
     with pytest.raises(TypeError):
-        hub.subscriber("on_event_record", lambda: 0, KEY_LAST)()  # no stream handle
+        subscriber(hub, "on_event_record", lambda: 0, KEY_LAST)()  # no stream handle
 
 
 # -- findings on traced event programs ------------------------------------------------------------------
@@ -148,12 +154,13 @@ def run_program(steps: list, use_native: bool, drop: str = "") -> list:
     device's own, from its listener: host syncs inside ``.item()`` held by
     the op's frame); the findings as comparable text."""
     san = LifetimeSanitizer("sim", on_race="collect", warn_on_free=False)
-    san.backend.connect()  # the simulated device's listener, made once per process
+    san.backend.connect(native.default())  # the simulated device's listener, made once per process
     listener = _sim_listener()
     assert isinstance(listener.on_event_record, native.event_hook.Event)
+    made = vars(listener).copy()
     if not use_native:
         for name in _SIM_EVENTS:
-            setattr(listener, name, san.backend.hub._python_subscriber(name, None, KEEP_ARGS))
+            setattr(listener, name, san.backend.hub.subscriber(name, None, KEEP_ARGS))
     try:
         with san:
             fire = {kind: r.fire_callbacks for kind, r in _registries(san.backend.hub, use_native, drop).items()}
@@ -187,9 +194,7 @@ def run_program(steps: list, use_native: bool, drop: str = "") -> list:
             del tensors
             gc.collect()
     finally:
-        for name in _SIM_EVENTS:
-            listener.__dict__.pop(name, None)
-            setattr(listener, name, san.backend.hub.subscriber(name))
+        vars(listener).update(made)
     return sorted(_comparable(repr(f), handles) for f in san.flush())
 
 
@@ -223,3 +228,39 @@ def test_a_dropped_event_changes_the_findings(dropped):
     right = run_program(ORDERED, True)
     assert right == run_program(ORDERED, False)
     assert run_program(ORDERED, True, drop=dropped) != right
+
+
+class _LoggingSink:
+    def __init__(self) -> None:
+        self.log: list = []
+
+    def __getattr__(self, name: str):
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda *args: self.log.append((name, args))
+
+
+@pytest.mark.parametrize("use_native", [True, False], ids=["native", "python"])
+def test_a_trace_backend_registers_its_parts_deliveries(use_native):
+    """CUDA's registration (``_register_trace``, run on CPU with a stand-in
+    device and stream): the parts' subscribers, keyed alike, and the parts'
+    shortcut of torch's loop (C's ``Fire``; Python's leaves torch's)."""
+    from npu_lifetime.sanitizer.backends import CudaBackend
+
+    parts = native.native_parts() if use_native else native.python_parts()
+    backend = CudaBackend()
+    backend._raw_stream_calls = lambda: ((lambda: 2), (lambda device: 0x77))
+    registered: dict = {}
+    backend._register_trace(registered.__setitem__, parts)
+    sink = _LoggingSink()
+    backend.hub.add(sink)
+    registered["event_record"](5, 0x10)
+    registered["device_synchronization"]()
+    registry = CallbackRegistry("event_creation")
+    registry.add_callback(registered["event_creation"])
+    parts.trace_delivery.shortcut(registry, registered["event_creation"])
+    registry.fire_callbacks(9)
+    assert len(registered) == 10
+    assert sink.log == [("on_event_record", (5, (2, 0x10))), ("on_device_sync", (2,)), ("on_event_created", (9,))]
+    assert isinstance(registry.fire_callbacks, native.trace_hook.Fire) == use_native
+    assert isinstance(registered["event_record"], native.event_hook.Event) == use_native

@@ -122,6 +122,5 @@ def test_the_comparison_sees_a_wrong_feed(monkeypatch):
             a.is_write = False
         return native.op_feed.feed(found, *rest)
 
-    wrong = native.Parts("reads only", parts.model, parts.host_lock, reads_only, parts.storage_feed,
-                         parts.event_feed, parts.dispatch)
+    wrong = parts.replace(name="reads only", op_feed=reads_only)
     assert run_program(program, parts=wrong) != right

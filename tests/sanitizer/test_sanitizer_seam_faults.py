@@ -52,7 +52,7 @@ MODEL_METHODS = ["allocate", "access", "free", "has_stream", "create_stream", "c
                  "wait_event", "synchronize_stream", "synchronize_device"]
 SANITIZER_METHODS = ["_stream", "_first_sight", "_announce_races", "_free_found", "_set_host"]
 BACKEND_HOOKS = ["before_op", "inside_op", "current_stream"]
-DISPATCH_HELPERS = ["_native_state"]  # called at enable: a failure there leaves nothing enabled
+DISPATCH_HELPERS = ["_fast_path_state"]  # called at enable: a failure there leaves nothing enabled
 
 
 class _Hits:

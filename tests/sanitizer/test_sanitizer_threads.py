@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from npu_lifetime import simdevice as sd
-from npu_lifetime.sanitizer import threads
+from npu_lifetime.sanitizer import native
 from helpers.collecting import sanitizer
 from helpers.stream_devices import used_on_side
 
@@ -65,7 +65,7 @@ def test_a_thread_started_after_enable_is_followed():
 
 
 def test_a_thread_running_before_enable_is_followed():
-    if not threads.following_running_threads():  # asked at run time: both_ways turns _threads.c off
+    if not native.default().running_threads.following_running_threads():  # asked at run time: both_ways' parts
         pytest.skip("threads already running are followed by _threads.c (CPython 3.11/3.12) or "
                     "sys._setprofileallthreads (3.12+); the pure-Python sanitizer on 3.11 has neither")
     thread, go, done = waiting_worker()
@@ -85,7 +85,7 @@ def test_a_thread_pool_is_followed():
 
 
 def test_a_pool_made_before_enable_is_followed():
-    if not threads.following_running_threads():
+    if not native.default().running_threads.following_running_threads():
         pytest.skip("see test_a_thread_running_before_enable")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     pool.submit(lambda: None).result()  # its worker thread runs, idle, before the sanitizer exists

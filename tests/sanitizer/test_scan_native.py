@@ -14,7 +14,7 @@ from npu_lifetime.sanitizer import accesses
 pytest.importorskip("numpy", reason="torch's op_db needs numpy (the test extras install it)")
 pytest.importorskip("expecttest", reason="torch's op_db needs expecttest (the test extras install it)")
 
-if accesses._native_scan is None:
+if native.scan is None:
     if (os.environ.get("CI") == "true" and native.ENABLED):
         raise AssertionError("npu_lifetime.sanitizer._scan is not built: setup.py must build it in CI")
     pytest.skip("npu_lifetime.sanitizer._scan is not built (python setup.py build_ext --inplace)",
@@ -28,19 +28,15 @@ def _verdicts(found: list) -> list:
             for a in found]
 
 
-def _both_ways(monkeypatch):
-    """op_accesses that runs the native scan and the Python one on each call
-    and keeps every difference."""
-    native_scan, original = accesses._native_scan, accesses.op_accesses
+def _both_ways(monkeypatch, native_scan=native.scan):
+    """op_accesses that runs the native scan (``Parts.scan``) and the Python
+    one on each call and keeps every difference."""
+    original = accesses.op_accesses
     calls, differences = [], []
 
-    def compare(func, args, kwargs, outputs, tracked, p=None, written_before=None):
-        native = original(func, args, kwargs, outputs, tracked, p, written_before)
-        monkeypatch.setattr(accesses, "_native_scan", None)
-        try:
-            python = original(func, args, kwargs, outputs, tracked, p, written_before)
-        finally:
-            monkeypatch.setattr(accesses, "_native_scan", native_scan)
+    def compare(func, args, kwargs, outputs, tracked, p=None, written_before=None, scan=None):
+        native = original(func, args, kwargs, outputs, tracked, p, written_before, native_scan)
+        python = original(func, args, kwargs, outputs, tracked, p, written_before, accesses.PythonScan)
         calls.append(func)
         if _verdicts(native) != _verdicts(python):
             differences.append((str(func), _verdicts(native), _verdicts(python)))
@@ -49,14 +45,10 @@ def _both_ways(monkeypatch):
     monkeypatch.setattr(accesses, "op_accesses", compare)
     written = accesses.written_storages
 
-    def compare_written(p, args, kwargs):
+    def compare_written(p, args, kwargs, scan=None):
         """written_storages both ways (the dispatch body calls it before an op that writes)."""
-        native = written(p, args, kwargs)
-        monkeypatch.setattr(accesses, "_native_scan", None)
-        try:
-            python = written(p, args, kwargs)
-        finally:
-            monkeypatch.setattr(accesses, "_native_scan", native_scan)
+        native = written(p, args, kwargs, native_scan)
+        python = written(p, args, kwargs, accesses.PythonScan)
         calls.append(("written", p.name))
         if [(id(t), address) for t, address in native] != [(id(t), address) for t, address in python]:
             differences.append((f"written_storages of {p.name}", native, python))
@@ -77,17 +69,14 @@ def test_the_native_scan_gives_the_python_verdicts_on_op_db(monkeypatch):
 
 def test_the_comparison_sees_a_wrong_scan(monkeypatch):
     """The comparison can fail: a scan that calls every read a write."""
-    calls, differences = _both_ways(monkeypatch)
-    real = accesses._native_scan.arguments
-
-    def all_written(found, arguments, args, tracked):
-        real(found, tuple((i, name, True) for i, name, _ in arguments), args, tracked)
-
     class Wrong:
-        arguments = staticmethod(all_written)
-        value = staticmethod(accesses._native_scan.value)
+        written = staticmethod(native.scan.written)
 
-    monkeypatch.setattr(accesses, "_native_scan", Wrong)
+        @staticmethod
+        def op(arguments, *rest):
+            return native.scan.op(tuple((i, name, True) for i, name, _ in arguments), *rest)
+
+    calls, differences = _both_ways(monkeypatch, Wrong)
     accesses.op_accesses(torch.ops.aten.add.Tensor, (torch.ones(2), torch.ones(2)), {}, torch.ones(2),
                          lambda t: True)
     assert calls and differences
