@@ -15,7 +15,6 @@ from torch._utils import CallbackRegistry
 
 from npu_lifetime import simdevice as sd
 from npu_lifetime.sanitizer import LifetimeSanitizer, LifetimeWarning, native
-from npu_lifetime.sanitizer.backends import _TraceBackend
 
 if native.storage_feed is None or native.trace_hook is None:
     pytest.skip("the sanitizer's native trace feed is off or not built", allow_module_level=True)
@@ -112,7 +111,7 @@ def test_the_shim_connected_skips_the_trace():
 
 
 class _TracedSimulation:
-    """What a trace backend's ``_memory_subscribers`` reads of it, on the simulated device."""
+    """What a trace delivery's ``memory_subscribers`` reads of a backend, on the simulated device."""
 
     def __init__(self, hub) -> None:
         self.hub = hub
@@ -126,7 +125,7 @@ class _TracedSimulation:
         return (lambda: sd.DEVICE_INDEX), (lambda _device: sd.current_stream().key[1])
 
 
-@pytest.mark.usefixtures("both_ways")  # conftest.py: _trace_hook.c's subscribers, then Hub.direct's
+@pytest.mark.usefixtures("both_ways")  # conftest.py: _trace_hook.c's subscribers, then backends.TraceDelivery's
 def test_a_traced_free_before_another_streams_use_finished_is_found_at_the_free():
     """The subscribers a CUDA or NPU backend registers (whichever its parts
     choose) tell the sanitizer of a storage only the trace knows, and the
@@ -134,7 +133,8 @@ def test_a_traced_free_before_another_streams_use_finished_is_found_at_the_free(
     x = torch.ones(16)  # made before the sanitizer: only the trace tells it of x
     san = LifetimeSanitizer("sim", on_race="collect")
     with san:
-        allocated, freed = _TraceBackend._memory_subscribers(_TracedSimulation(san.backend.hub))
+        delivery = native.default().trace_delivery  # the parts both_ways chose
+        allocated, freed = delivery.memory_subscribers(_TracedSimulation(san.backend.hub))
         allocated(x.data_ptr())
         side = sd.Stream()
         side.wait_stream(sd.current_stream())
