@@ -122,6 +122,19 @@ def python_record_use_and_hooks(request) -> None:
     request.addfinalizer(lambda: (recording.use_native(True), hooks.use_relay(True)))
 
 
+def switched_instance(request, available: bool, parts: str, use_native) -> str:
+    """The instance ``request.param`` of a suite whose C parts have one
+    switch, ``use_native(bool)``: the native instance skips where they are
+    not ``available``; the python one turns them off for the test."""
+    if request.param == "native":
+        if not available:
+            pytest.skip(f"{parts} are off or not built: the python instance is the test")
+    else:
+        use_native(False)
+        request.addfinalizer(lambda: use_native(True))
+    return request.param
+
+
 @pytest.fixture(params=["native", "python"])
 def record_both_ways(request):
     """record_use's suites, one body two instances: its C parts (``_entry.c``'s
@@ -130,13 +143,7 @@ def record_both_ways(request):
     before the test makes its routes and fallbacks."""
     from npu_lifetime import recording
 
-    if request.param == "native":
-        if not recording.native_available():
-            pytest.skip("record_use's C parts are off or not built: the python instance is the test")
-    else:
-        recording.use_native(False)
-        request.addfinalizer(lambda: recording.use_native(True))
-    return request.param
+    return switched_instance(request, recording.native_available(), "record_use's C parts", recording.use_native)
 
 
 @pytest.fixture(params=["native", "python"])
@@ -146,13 +153,8 @@ def hooks_both_ways(request):
     from npu_lifetime import native_parts
     from npu_lifetime.shim import hooks
 
-    if request.param == "native":
-        if native_parts.load("npu_lifetime.shim._hook_relay") is None:
-            pytest.skip("the shim's hook relay is off or not built: the python instance is the test")
-    else:
-        hooks.use_relay(False)
-        request.addfinalizer(lambda: hooks.use_relay(True))
-    return request.param
+    relay = native_parts.load("npu_lifetime.shim._hook_relay") is not None
+    return switched_instance(request, relay, "the shim's hook relay", hooks.use_relay)
 
 
 @pytest.fixture(params=["native", "python"])
