@@ -96,7 +96,7 @@ from . import _holds_py, watchers
 # the per-call path in C++; the same table in Python where it is not built or the native parts are off
 # (NPU_LIFETIME_NATIVE=0, native_parts.py)
 _native_holds = load(f"{__package__}._holds")
-Table = _native_holds.Table if _native_holds is not None else _holds_py.Table
+Table: type  # the table class new fallbacks take (set by use_native_table, just below)
 
 
 def use_native_table(native: bool) -> None:
@@ -105,6 +105,9 @@ def use_native_table(native: bool) -> None:
     tests' switch; a fallback keeps the table it was made with)."""
     global Table
     Table = _native_holds.Table if native and _native_holds is not None else _holds_py.Table
+
+
+use_native_table(True)
 
 # fork(): the gates' locks, then every fallback's, are held across it (the
 # reaper takes them in that order), so the child inherits none held.
