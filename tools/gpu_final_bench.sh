@@ -6,13 +6,11 @@
 # WITH_SANITIZER=1) the sanitizer's cost with CSAN in the same run.  Logs under $OUT.
 set -u
 source tools/gpu_prologue.sh
-bench() { local name=$1 limit=$2 lines=$3; shift 3; local t=$SECONDS
-  timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"$lines" "$OUT/$name.log"; }
 [ -n "${SKIP_CROSS_STREAM:-}" ] ||  # (SKIP_CROSS_STREAM=1: tools/gpu_all_tests.sh ran it)
-  bench bench_cross_stream 170 16 benchmarks/bench_cross_stream.py --rounds 3 --json "$OUT/cross_stream.json"
-bench bench_record_use 130 30 benchmarks/bench_record_use.py --device cuda --calls 20000 --rounds 7 \
+  step bench_cross_stream 170 16 python3 benchmarks/bench_cross_stream.py --rounds 3 --json "$OUT/cross_stream.json"
+step bench_record_use 130 30 python3 benchmarks/bench_record_use.py --device cuda --calls 20000 --rounds 7 \
   --json "$OUT/record_use.json"
-bench bench_shim_alloc 110 14 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json"
+step bench_shim_alloc 110 14 python3 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json"
 [ -z "${WITH_SANITIZER:-}" ] ||  # the sanitizer's cost against CSAN (WITH_SANITIZER=1: about 150 s more)
-  bench bench_sanitizer 150 12 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5
+  step bench_sanitizer 150 12 python3 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5
 echo "== total $((SECONDS-T0)) s"

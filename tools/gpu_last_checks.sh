@@ -6,8 +6,6 @@
 # sanitizer's cost with CSAN in the same run.  Logs under $OUT.
 set -u
 source tools/gpu_prologue.sh
-step() { local name=$1 limit=$2 lines=$3; shift 3; local t=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"$lines" "$OUT/$name.log"; }
 step prefetch_c 150 3 python3 examples/prefetch_loader.py --device cuda --steps 20 &
 NPU_LIFETIME_NATIVE=0 step prefetch_python 150 3 python3 examples/prefetch_loader.py --device cuda --steps 20 &
 step gpu_sanitizer_tests 150 12 python3 -m pytest -q -rfE -p no:cacheprovider tests/sanitizer/test_gpu_sanitizer.py \

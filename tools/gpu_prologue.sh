@@ -8,3 +8,7 @@ T0=$SECONDS
   | tee "$OUT/machine.txt"
 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "== build $((SECONDS-T0)) s"
+# step NAME LIMIT_S LINES CMD...: CMD under a time limit, its output in $OUT/NAME.log, its status,
+# time and last LINES lines on the console
+step() { local name=$1 limit=$2 lines=$3; shift 3; local t=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "== $name rc=$? $((SECONDS-t)) s"; tail -"$lines" "$OUT/$name.log"; }
