@@ -128,11 +128,21 @@ def _rounds(rounds: list, key: str) -> dict:
     return out
 
 
+def paired_to_torch(runs: dict) -> dict:
+    """{configuration: the median over rounds of its step time over
+    torch's allocator's in the same round} (rounds where both ran)."""
+    torch_rounds = runs.get("torch", [])
+    return {name: statistics.median(r["step_ms"] / t["step_ms"] for r, t in zip(rounds, torch_rounds))
+            for name, rounds in runs.items() if rounds and torch_rounds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="steps of the new-stream pattern")
     parser.add_argument("--pipeline-steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pipeline-rounds", type=int, help="rounds of the pipeline (default: --rounds); the "
+                        "rounds past --rounds run the pipeline only")
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--json")
     parser.add_argument("--worker", choices=("new_streams", "pipeline"), help=argparse.SUPPRESS)
@@ -145,13 +155,16 @@ def main() -> None:
         run = worker if args.worker == "new_streams" else pipeline
         print(json.dumps(run(args.steps, args.mib)))
         return
-    if min(args.steps, args.pipeline_steps, args.rounds, args.mib) < 1:
-        parser.error("--steps, --pipeline-steps, --rounds and --mib must be at least 1")
+    pipeline_rounds = args.rounds if args.pipeline_rounds is None else args.pipeline_rounds
+    if min(args.steps, args.pipeline_steps, args.rounds, pipeline_rounds, args.mib) < 1:
+        parser.error("--steps, --pipeline-steps, --rounds, --pipeline-rounds and --mib must be at least 1")
     runs = {"new_streams": {}, "pipeline": {}}
     names = list(CONFIGS)
-    for round_ in range(args.rounds):
+    for round_ in range(max(args.rounds, pipeline_rounds)):
+        patterns = [("new_streams", args.steps)] if round_ < args.rounds else []
+        patterns += [("pipeline", args.pipeline_steps)] if round_ < pipeline_rounds else []
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            for pattern, steps in (("new_streams", args.steps), ("pipeline", args.pipeline_steps)):
+            for pattern, steps in patterns:
                 got = _run(name, pattern, steps, args.mib)
                 if got is not None:
                     runs[pattern].setdefault(name, []).append(got)
@@ -166,9 +179,13 @@ def main() -> None:
     print(f"\nthe pipeline: a copy stream, two compute streams in turn ({args.mib} MiB activations x2), record_use "
           "hand-offs; peak device memory in use above the start (cudaMemGetInfo at each step's high point), MiB; "
           "median step ms")
+    paired = paired_to_torch(runs["pipeline"])
+    print("(last column: the median over rounds of the step over torch's allocator's step of the same round)")
     for name, r in piped.items():
+        r["step_vs_torch_paired"] = paired.get(name)
+        vs = "" if name not in paired else f"  {paired[name]:.3f}x torch"
         print(f"{name:20}{r['peak_in_use_mib']:10.0f}{r['step_ms']:10.3f}  ({r['step_ms_range'][0]:.3f}-"
-              f"{r['step_ms_range'][1]:.3f})")
+              f"{r['step_ms_range'][1]:.3f}){vs}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"new_streams": results, "pipeline": piped}, out, indent=2)

@@ -52,6 +52,11 @@ def per_call_us(fns: dict, calls: int, rounds: int, clock=time.perf_counter) -> 
     so that drift hits every function alike.  ``clock``: wall time where a
     device works behind the calls; the thread's CPU time
     (time.thread_time) where nothing does, on a shared machine."""
+    return {name: statistics.median(v) for name, v in per_call_rounds(fns, calls, rounds, clock).items()}
+
+
+def per_call_rounds(fns: dict, calls: int, rounds: int, clock=time.perf_counter) -> dict:
+    """{name: the per-call time of each round}, as per_call_us times them."""
     samples = {name: [] for name in fns}
     for fn in fns.values():
         for _ in range(min(calls, 1000)):
@@ -62,7 +67,23 @@ def per_call_us(fns: dict, calls: int, rounds: int, clock=time.perf_counter) -> 
             for _ in range(calls):
                 fn()
             samples[name].append((clock() - t0) / calls * 1e6)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return samples
+
+
+def timed(fns: dict, calls: int, rounds: int) -> dict:
+    """A child's figures: the medians ("us") and each round's times
+    ("rounds", for the summary's paired ratios)."""
+    samples = per_call_rounds(fns, calls, rounds)
+    return {"us": {name: statistics.median(v) for name, v in samples.items()}, "rounds": samples}
+
+
+def pin_to_one_core() -> None:
+    """The timing child on one core of those it may use (the last: core 0
+    takes most interrupts), so that a migration between cores does not
+    land in one variant's rounds only.  Where the platform has no affinity,
+    nothing."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
 
 def cuda_shim(calls: int, rounds: int) -> dict:
@@ -107,7 +128,7 @@ def device_shim(device_type: str, calls: int, rounds: int) -> dict:
             event.record()
 
     tensor_method, reference_call = entry_variants(x, side)
-    out = per_call_us({
+    out = timed({
         "event_record": lambda: event.record(side),
         "record_use": lambda: npu_lifetime.record_use(x, side),
         "Tensor.record_use": tensor_method,
@@ -119,7 +140,7 @@ def device_shim(device_type: str, calls: int, rounds: int) -> dict:
         "event_record, current stream (in a stream context)": event_in_stream_context,
     }, calls, rounds)
     module.synchronize()
-    return {"allocator": f"{device_type}: shim ({shim.policy()})", "us": out}
+    return {"allocator": f"{device_type}: shim ({shim.policy()})", **out}
 
 
 def entry_variants(x, side) -> tuple:
@@ -169,7 +190,7 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
         i = position[0] = (position[0] + 1) % calls
         npu_lifetime.record_use(fresh[i], side)
 
-    out = per_call_us({
+    out = timed({
         "event_record": lambda: event.record(side),
         "record_use (fallback), one storage": lambda: npu_lifetime.record_use(x, side),
         "record_use (fallback), a new storage each call": new_storage,
@@ -181,7 +202,7 @@ def native(device_type: str, calls: int, rounds: int) -> dict:
     table = getattr(getattr(torch_allocator_fallback, "Table", None), "__module__", "none: before the table")
     table_object = getattr(fallback, "_table", None)
     events = "raw CUDA events" if getattr(table_object, "uses_runtime", False) else f"torch.{device_type}.Event"
-    return {"allocator": f"{device_type} native caching allocator (table: {table}; {events})", "us": out,
+    return {"allocator": f"{device_type} native caching allocator (table: {table}; {events})", **out,
             "fallback": dict(fallback.counts)}
 
 
@@ -446,23 +467,33 @@ HEADLINES = [
 def summary(results: list) -> list:
     """The headline rows found in ``results`` (the first result holding
     each): name, us, ratio to that run's event record, target, met, and the
-    event record's own spread (its two timings)."""
+    event record's own spread (its two timings).  Where a result has its
+    rounds, the ratio is paired: the median over rounds of the row's time
+    over the mean of the two event-record timings of the same round (a slow
+    moment of the host then weighs on both sides of the ratio); else the
+    ratio of the medians to the first timing."""
     rows = []
     for name, key, target in HEADLINES:
         result = next((r for r in results if key in r["us"]), None)
         if result is None:
             continue
         us = result["us"]
-        records = [v for k, v in us.items() if "event_record" in k and "stream context" not in k]
-        ratio = us[key] / records[0]
+        record_keys = [k for k in us if "event_record" in k and "stream context" not in k]
+        records = [us[k] for k in record_keys]
+        if "rounds" in result:
+            per_round = zip(result["rounds"][key], *(result["rounds"][k] for k in record_keys))
+            ratio = statistics.median(t / statistics.fmean(base) for t, *base in per_round)
+        else:
+            ratio = us[key] / records[0]
         rows.append({"name": name, "us": us[key], "event_record_us": records[0], "ratio": ratio, "target": target,
-                     "met": None if target is None else ratio <= target,
+                     "met": None if target is None else ratio <= target, "paired": "rounds" in result,
                      "event_record_spread": max(records) / min(records) - 1, "allocator": result["allocator"]})
     return rows
 
 
 def print_summary(rows: list, simulated: bool = False) -> None:
-    print("\nsummary (ratio to the raw event record of the same run; spread: its two timings)")
+    print("\nsummary (ratio to the raw event record of the same run, paired by round where the rounds were kept: "
+          "the median of each round's time over that round's two event-record timings; spread: its two timings)")
     if simulated:
         print("  (simulated: the event record is simdevice's Python; the targets apply to a device's raw record)")
     for row in rows:
@@ -484,6 +515,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.child:
+        pin_to_one_core()
         print(json.dumps(CHILDREN[args.child](args.calls, args.rounds)))
         return
     import torch

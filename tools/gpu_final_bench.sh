@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Issues 37, 39 and 41's GPU figures, call 2 of 2, in one command that
-# builds everything, on a quiet machine: cross-stream reuse against torch's
-# allocator and cudaMallocAsync, record_use's cost against a raw event
-# record, the allocation hot path against torch's allocator, and (with
-# WITH_SANITIZER=1) the sanitizer's cost with CSAN in the same run.  Logs under $OUT.
+# Issues 37 and 39's GPU figures in one command that builds everything, on
+# a quiet machine: cross_stream (reuse against torch's allocator and
+# cudaMallocAsync), record_use (its cost against a raw event record),
+# shim_alloc (the allocation hot path against torch's allocator and the C
+# pair) and sanitizer (the sanitizer's cost with CSAN in the same run,
+# about 150 s).  Logs under $OUT.
+#   tools/gpu_final_bench.sh [BENCH ...]   (default: cross_stream record_use shim_alloc)
 set -u
 source tools/gpu_prologue.sh
-[ -n "${SKIP_CROSS_STREAM:-}" ] ||  # (SKIP_CROSS_STREAM=1: tools/gpu_all_tests.sh ran it)
-  step bench_cross_stream 170 16 python3 benchmarks/bench_cross_stream.py --rounds 3 --json "$OUT/cross_stream.json"
-step bench_record_use 130 30 python3 benchmarks/bench_record_use.py --device cuda --calls 20000 --rounds 7 \
-  --json "$OUT/record_use.json"
-step bench_shim_alloc 110 14 python3 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json"
-[ -z "${WITH_SANITIZER:-}" ] ||  # the sanitizer's cost against CSAN (WITH_SANITIZER=1: about 150 s more)
-  step bench_sanitizer 150 12 python3 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5
+for bench in "${@:-cross_stream record_use shim_alloc}"; do for bench in $bench; do case $bench in
+  cross_stream) step bench_cross_stream 220 18 python3 benchmarks/bench_cross_stream.py --rounds 2 --pipeline-rounds 6 \
+    --json "$OUT/cross_stream.json" ;;
+  record_use) step bench_record_use 150 30 python3 benchmarks/bench_record_use.py --device cuda --calls 20000 \
+    --rounds 9 --json "$OUT/record_use.json" ;;
+  shim_alloc) step bench_shim_alloc 110 14 python3 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json" ;;
+  sanitizer) step bench_sanitizer 150 12 python3 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5 ;;
+  *) echo "bench: cross_stream, record_use, shim_alloc or sanitizer, not $bench"; exit 2 ;;
+esac; done; done
 echo "== total $((SECONDS-T0)) s"

@@ -111,9 +111,10 @@
 // calls happen under it (as in torch's allocator).  The findings queue has
 // its own lock, taken after mu_.  No callback into the caller runs under
 // mu_ (the sanitizer's hooks run in exports.cpp, outside it).  Every entry
-// point but allocate and free takes it through Locked, which first merges
-// the block the last free may have left unmerged (see "the cached pair"):
-// the invariants above hold whenever any other code looks.
+// point but allocate and free takes it through Locked, which first counts
+// the statistics of repeated pairs and merges the block the last free may
+// have left unmerged (see "the cached pair" and "the cached pair
+// repeated"): the invariants above hold whenever any other code looks.
 // ---------------------------------------------------------------------------
 #include "caching_allocator.h"
 
@@ -317,9 +318,19 @@ void* CachingAllocator::allocate(ssize_t size, int device, Stream stream) {
         if (Block* b = take_unmerged(device, stream, rounded)) {
             b->pool->stats->count(CounterId::cache_hits);
             b->pool->stats->count(CounterId::unmerged_reuses);
-            mark_live(b, static_cast<size_t>(size));
+            if (static_cast<size_t>(size) == b->requested) {  // the pair repeated: counted when settled
+                pair_ = b;
+                pair_live_ = true;
+                hand_out(b);
+            } else {
+                settle_pair();
+                count_take_back(b);
+                mark_live(b, static_cast<size_t>(size));
+            }
             return b->ptr;
         }
+    } else if (pair_ != nullptr) {
+        settle_pair();  // its block is handed out: this allocation is another
     }
     if (claims_ != 0 && claim_ != nullptr) return claim(rounded, static_cast<size_t>(size), device, stream);
     bool capture = graph_pools_.any_capture_underway();
@@ -430,16 +441,25 @@ Pool* CachingAllocator::new_pool(const PoolKey& key) {
 }
 
 NPL_HOT void CachingAllocator::mark_live(Block* b, size_t requested) {
-    b->state = BlockState::live;
     b->requested = requested;
+    count_live(b);
+    hand_out(b);
+}
+
+// `b`, a block of the pool, to its owner (its size requested already set).
+NPL_HOT void CachingAllocator::hand_out(Block* b) {
+    b->state = BlockState::live;
     book_.on_alloc(b);
-    DeviceStats& s = *b->pool->stats;
-    auto n = static_cast<int64_t>(b->size);
-    s.grow(StatId::allocation, b->small, 1);
-    s.grow(StatId::allocated_bytes, b->small, n);
-    s.grow(StatId::requested_bytes, b->small, static_cast<int64_t>(requested));
-    s.note_active_peak(b->small);
     trace(TraceKind::alloc, b, nullptr);
+}
+
+// The statistics of `b` handed out.
+NPL_HOT void CachingAllocator::count_live(const Block* b) {
+    DeviceStats& s = *b->pool->stats;
+    s.grow(StatId::allocation, b->small, 1);
+    s.grow(StatId::allocated_bytes, b->small, static_cast<int64_t>(b->size));
+    s.grow(StatId::requested_bytes, b->small, static_cast<int64_t>(b->requested));
+    s.note_active_peak(b->small);
 }
 
 // Best fit in the pool, taken out of it with `size` bytes (the remainder
@@ -708,26 +728,97 @@ NPL_HOT Block* CachingAllocator::take_unmerged(int device, Stream stream, size_t
         merge_unmerged();
         return nullptr;
     }
-    // as take() splits the merged block: next is the rest, in its node
-    DeviceStats& s = *b->pool->stats;
-    if (b->prev != nullptr || next->next != nullptr) {
-        s.shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(rounded));
-    } else {
-        s.grow(StatId::inactive_split, b->small, 1);
-        s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(next->size));
-    }
     unmerged_ = nullptr;
     return b;
 }
 
+// The statistics of `b` taken back from unmerged_ as take() splits the
+// merged block: its successor is the rest, in its node.
+NPL_HOT void CachingAllocator::count_take_back(const Block* b) {
+    DeviceStats& s = *b->pool->stats;
+    if (b->prev != nullptr || b->next->next != nullptr) {
+        s.shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
+    } else {
+        s.grow(StatId::inactive_split, b->small, 1);
+        s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->next->size));
+    }
+}
+
 // What cache_block would have done with unmerged_ (its statistics are counted).
 void CachingAllocator::merge_unmerged() {
+    settle_pair();
     Block* b = unmerged_;
     unmerged_ = nullptr;
     Block* next = b->next;
     Segments::merge(b, next);
     b->pool->blocks.replace(next, b, BlockSet::Order::larger);
     recycle_block(next);
+}
+
+// ---- the cached pair repeated ----------------------------------------------
+//
+// A repeat of the pair (the allocation takes back the block the free before
+// it left unmerged, for the size its last owner asked; the free of it is
+// its owner's, with nothing to wait for) changes no current value of any
+// statistic, and raises no peak: its allocation restores the state from
+// before its block's last free, which every peak already covers (a reset in
+// between is an entry point, which settles).  So a repeat counts nothing:
+// its allocation hands the block out (pair_live_) and its free leaves it
+// unmerged again (one more of pair_repeats_), and settle_pair counts them
+// before anything else runs: the allocated and freed sums of each repeat
+// (count_pair_repeats), and the take-back and allocation of a block still
+// handed out.  test_shim_hot_path.py compares every outcome, statistics
+// included, with a run that settles and merges after every step.
+
+// The free of `b` at `a`: true if it repeats pair_'s pair (done), else false
+// after settling the pair.
+NPL_HOT bool CachingAllocator::repeat_pair_free(Address* a, Block* b, ssize_t size, int device, Stream stream) {
+    if (b != pair_ || !pair_live_ || classify_free(a, b, size, device, stream) != FreeKind::owner ||
+        !b->uses.empty() || !b->held.empty() || quarantine_.enabled()) {
+        settle_pair();
+        return false;
+    }
+    book_.on_free(a, b);
+    trace(TraceKind::free, b, nullptr);
+    trace(TraceKind::reusable, b, nullptr);
+    history(NPL_HISTORY_FREE_COMPLETED, b->ptr, b->requested, b->device, b->stream, b->pool->id);
+    b->state = BlockState::cached;  // as leave_unmerged leaves it: nothing else ran since it did
+    unmerged_ = b;
+    pair_live_ = false;
+    pair_repeats_++;
+    return true;
+}
+
+// Counts what the repeats of pair_ left uncounted (see above).
+void CachingAllocator::settle_pair() {
+    const Block* b = pair_;
+    if (b == nullptr) return;
+    pair_ = nullptr;
+    if (pair_repeats_ != 0) count_pair_repeats(b, pair_repeats_);
+    pair_repeats_ = 0;
+    if (pair_live_) {
+        pair_live_ = false;
+        count_take_back(b);
+        count_live(b);
+    }
+}
+
+// The allocated and freed sums of `repeats` pairs of `b`, each its
+// take-back and allocation (count_take_back, count_live) and its free
+// (free, leave_unmerged): every statistic they move goes up and down by
+// the same amount.
+void CachingAllocator::count_pair_repeats(const Block* b, uint64_t repeats) {
+    DeviceStats& s = *b->pool->stats;
+    auto k = static_cast<int64_t>(repeats);
+    s.churn(StatId::allocation, b->small, k);
+    s.churn(StatId::allocated_bytes, b->small, k * static_cast<int64_t>(b->size));
+    s.churn(StatId::requested_bytes, b->small, k * static_cast<int64_t>(b->requested));
+    if (b->prev != nullptr || b->next->next != nullptr) {
+        s.churn(StatId::inactive_split_bytes, b->small, k * static_cast<int64_t>(b->size));
+    } else {
+        s.churn(StatId::inactive_split, b->small, k);
+        s.churn(StatId::inactive_split_bytes, b->small, k * static_cast<int64_t>(b->next->size));
+    }
 }
 
 // ---- free and validation ---------------------------------------------------
@@ -738,6 +829,7 @@ void CachingAllocator::free(void* ptr, ssize_t size, int device, Stream stream) 
     if (unmerged_ != nullptr) merge_unmerged();  // (a cached pair frees with none)
     Address* a = book_.find(ptr);
     Block* b = a != nullptr ? a->live : nullptr;
+    if (pair_ != nullptr && repeat_pair_free(a, b, size, device, stream)) return;
     if (b == nullptr) {
         report_bad_free(ptr, size, device, stream);
         return;

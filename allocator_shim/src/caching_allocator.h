@@ -163,16 +163,18 @@ class CachingAllocator {
     void unlock_after_fork();
 
    private:
-    // Holds mu_ for an entry point, after merging the block the last free
-    // left unmerged (unmerged_): no entry point but allocate and free (which
-    // take mu_ themselves) ever sees that block.
+    // Holds mu_ for an entry point, after counting a repeated pair's
+    // statistics (pair_) and merging the block the last free left unmerged
+    // (unmerged_): no entry point but allocate and free (which take mu_
+    // themselves) ever sees either.
     class Locked {
        public:
         explicit Locked(const CachingAllocator* a) : a_(const_cast<CachingAllocator*>(a)) {
             a_->mu_.lock();
-            if (__builtin_expect(a_->unmerged_ == nullptr, 1)) return;
+            if (__builtin_expect(a_->unmerged_ == nullptr && a_->pair_ == nullptr, 1)) return;
             try {
-                a_->merge_unmerged();
+                a_->settle_pair();
+                if (a_->unmerged_ != nullptr) a_->merge_unmerged();
             } catch (...) {
                 a_->mu_.unlock();
                 throw;
@@ -223,6 +225,8 @@ class CachingAllocator {
     void split(Block* b, size_t size);
     Block* split_off(Block* b, size_t size);
     void mark_live(Block* b, size_t requested);
+    void hand_out(Block* b);
+    void count_live(const Block* b);
     void* claim(size_t rounded, size_t requested, int device, Stream stream);
 
     // graph_capture_record_stream_reuse (allocator_capture_reuse.cpp)
@@ -251,10 +255,14 @@ class CachingAllocator {
     Block* foreign_segment(const Pool* p, size_t size);
     void release_ordered(Block* b);
     void absorb(Block* b, Block* n);
-    // The cached pair's shortcut (unmerged_)
+    // The cached pair's shortcut (unmerged_) and its uncounted repeats (pair_)
     bool leave_unmerged(Block* b);
     Block* take_unmerged(int device, Stream stream, size_t rounded);
+    void count_take_back(const Block* b);
     void merge_unmerged();
+    bool repeat_pair_free(Address* a, Block* b, ssize_t size, int device, Stream stream);
+    void settle_pair();
+    void count_pair_repeats(const Block* b, uint64_t repeats);
     void pool_insert(Block* b);
     void pool_erase(Block* b);
     template <int Sign>
@@ -355,6 +363,12 @@ class CachingAllocator {
     // merged; the next allocation takes it back if that merge's outcome
     // would be split again right there, else it is merged first.
     Block* unmerged_ = nullptr;
+    // The cached pair repeated: pair_ is the block that each repeat takes
+    // back from unmerged_ for its last owner's size and leaves unmerged
+    // again, with the statistics of neither counted until settle_pair.
+    Block* pair_ = nullptr;
+    bool pair_live_ = false;     // pair_ is handed out (its take-back is not counted)
+    uint64_t pair_repeats_ = 0;  // repeats whose allocated and freed sums are not counted
     bool expandable_ = false;
     bool expandable_warned_ = false;  // the runtime has no virtual memory: said once
     bool vm_refused_ = false;         // ... or it failed at first use: plain segments

@@ -88,6 +88,11 @@ struct Stat {
         current -= n;
         freed += n;
     }
+    // n up and n down again: the sums move, current and peak do not.
+    void churn(int64_t n) {
+        allocated += n;
+        freed += n;
+    }
     void reset_peak() { peak = current; }
     void reset_accumulated() { allocated = freed = 0; }
 };
@@ -117,6 +122,11 @@ struct DeviceStats {
         Stat* s = stats[static_cast<int>(id)];
         s[kAllPools].shrink(n);
         s[small ? kSmallPool : kLargePool].shrink(n);
+    }
+    void churn(StatId id, bool small, int64_t n) {
+        Stat* s = stats[static_cast<int>(id)];
+        s[kAllPools].churn(n);
+        s[small ? kSmallPool : kLargePool].churn(n);
     }
     // After an allocation: the active peaks of its pool kind and of all.
     void note_active_peak(bool small) {

@@ -11,7 +11,8 @@ from conftest import S1, S2
 from npu_lifetime import shim
 from helpers.shim_testing import check_invariants
 
-SIZES = (512, 4096, 8192, 100_000, 1 << 20, (1 << 20) + 512, 3 << 20, 12 << 20)
+# 4000 and 4096 (and (1 << 20) - 100 and 1 << 20) round alike: a pair of the same block for another requested size
+SIZES = (512, 4000, 4096, 8192, 100_000, (1 << 20) - 100, 1 << 20, (1 << 20) + 512, 3 << 20, 12 << 20)
 
 op = st.one_of(
     st.tuples(st.just("alloc"), st.sampled_from(SIZES), st.sampled_from((S1, S2))),
@@ -22,6 +23,10 @@ op = st.one_of(
     st.tuples(st.just("complete")),
     st.tuples(st.just("process")),
     st.tuples(st.just("empty_cache")),
+    # entry points that read or reset the statistics while a repeated pair is uncounted
+    st.tuples(st.just("read_stats")),
+    st.tuples(st.just("reset_peak")),
+    st.tuples(st.just("reset_accumulated")),
 )
 
 
@@ -50,12 +55,18 @@ def run(ops, policy, merge_every_step):
     shim.reset()
     shim.set_policy(policy)
     where = Addresses()
-    live, handed_out = [], []  # live: (ptr, size, stream), oldest first
+    live, handed_out, read = [], [], []  # live: (ptr, size, stream), oldest first; read: statistics read midway
+    unplaced = []  # addresses handed out, placed in their segments only before a release or at the end:
+    # placing one is an entry point (base_allocation), and the repeated pair's path runs only without one
 
     def alloc(size, stream):
         ptr = shim.alloc(size, 0, stream)
-        handed_out.append(where(ptr))
+        unplaced.append(ptr)
         live.append((ptr, size, stream))
+
+    def place():
+        handed_out.extend(where(ptr) for ptr in unplaced)
+        unplaced.clear()
 
     for o in ops:
         kind = o[0]
@@ -78,15 +89,23 @@ def run(ops, policy, merge_every_step):
         elif kind == "process":
             shim.process_events()
         elif kind == "empty_cache":
+            place()
             shim.empty_cache()  # (merges an unmerged block first: so may block_records)
             where.forget_released()
+        elif kind == "read_stats":
+            read.append({k: v for k, v in shim.stats().items() if k != "unmerged_reuses"})
+        elif kind == "reset_peak":
+            shim.reset_peak()
+        elif kind == "reset_accumulated":
+            shim.reset_accumulated()
         if merge_every_step:
             check_invariants()
+    place()
     stats = shim.stats()
     blocks = sorted((where(b["address"]), b["size"], b["requested"], b["state"], b["events"], b["stream"])
                     for b in shim.block_records())
     check_invariants()
-    return handed_out, blocks, stats, shim.findings()
+    return handed_out, blocks, stats, shim.findings(), read
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -102,6 +121,7 @@ def compare(fast, slow):
     assert {k: v for k, v in fast[2].items() if k != "unmerged_reuses"} == {
         k: v for k, v in slow[2].items() if k != "unmerged_reuses"}
     assert fast[3] == slow[3]
+    assert fast[4] == slow[4], "other statistics read midway"
 
 
 def test_pairs_in_every_spot_of_a_segment_end_as_without_the_shortcut(sim_shim):
