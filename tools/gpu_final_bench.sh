@@ -9,7 +9,8 @@
 set -u
 source tools/gpu_prologue.sh
 for bench in "${@:-cross_stream record_use shim_alloc}"; do for bench in $bench; do case $bench in
-  cross_stream) step bench_cross_stream 220 18 python3 benchmarks/bench_cross_stream.py --rounds 2 --pipeline-rounds 6 \
+  cross_stream) step bench_cross_stream 220 18 python3 benchmarks/bench_cross_stream.py --rounds "${CROSS_ROUNDS:-2}" \
+    --pipeline-rounds "${PIPELINE_ROUNDS:-6}" \
     --json "$OUT/cross_stream.json" ;;
   record_use) step bench_record_use 150 30 python3 benchmarks/bench_record_use.py --device cuda --calls 20000 \
     --rounds 9 --json "$OUT/record_use.json" ;;
