@@ -15,5 +15,8 @@ case $group in
   others) files=$(gpu_tests -not -path 'tests/shim/*') ;;
   *) echo "group: shim or others, not $group"; exit 2 ;;
 esac
-step "gpu_tests_$group" "$limit" 25 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=12 $files
+# -v: each test's name as it ends; --timeout (pytest-timeout, on the GPU machine): a test that hangs fails
+# with its stack instead of taking the group's time; the corpus's children keep their output
+NPU_LIFETIME_TEST_LOGS="$OUT/children" step "gpu_tests_$group" "$limit" 25 python3 -m pytest -v -rfEs \
+  -p no:cacheprovider --timeout="${TEST_TIMEOUT_S:-240}" --durations=12 $files
 echo "== total $((SECONDS-T0)) s"

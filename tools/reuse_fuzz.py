@@ -13,7 +13,10 @@ order and only when told to; at each check the streams run newest-first
 (the order that lets an unordered reuse's write land before the old
 owner's), then all to their end, and every live block must hold its owner's
 tag.  A wrong tag is an early reuse.  The allocator's own invariant checker
-(npl_check_invariants) runs after every step.
+(npl_check_invariants) runs after every step, or every K-th
+(--check-every): the checker is an entry point, which ends a run of the
+cached pair's uncounted repeats (a step frees a block and allocates its
+size again on its stream, the hot path's pattern).
 
 Policy (poll, lazy_wait, stream_wait), expandable segments, a device
 memory limit (so the out-of-memory path runs, and with it cross-stream
@@ -21,6 +24,7 @@ reuse's waits there) and the cross-stream reuse mode (off, idle, always)
 are drawn per seed; --cross-stream fixes the mode.
 
     python tools/reuse_fuzz.py --seeds 4000 --cross-stream always
+    python tools/reuse_fuzz.py --seeds 4000 --check-every 7   # repeats of the cached pair run on between checks
     NPU_LIFETIME_SHIM=path/to/mutant.so python tools/reuse_fuzz.py --seeds 50
 
 Exit status 1 names each failing seed and its first failure."""
@@ -68,9 +72,9 @@ class Failure(Exception):
 class Program:
     """One seed's random program and its checks."""
 
-    def __init__(self, seed: int, cross_stream: str | None, steps: int):
+    def __init__(self, seed: int, cross_stream: str | None, steps: int, check_every: int = 1):
         self.rng = random.Random(seed)
-        self.steps = steps
+        self.steps, self.check_every = steps, check_every
         self.cross_stream = self.rng.choice(MODES) if cross_stream is None else cross_stream
         self.policy = self.rng.choice(POLICIES)
         self.expandable = self.rng.random() < 0.2
@@ -84,6 +88,7 @@ class Program:
         self.clock = 0
         self.reuses = 0  # allocations that got an address a freed owner had held
         self.cross_stream_segments = 0  # segments taken from another stream's pool
+        self.unmerged_reuses = 0  # allocations that took back the block the free before left unmerged
 
     def run(self) -> None:
         shim.reset()
@@ -96,13 +101,15 @@ class Program:
         self.freed_addresses: set = set()
         for step in range(self.steps):
             self.step()
-            self.check_invariants(step)
+            if (step + 1) % self.check_every == 0:  # an entry point: it ends a run of repeated cached pairs
+                self.check_invariants(step)
             if self.rng.random() < 0.12:
                 self.check_tags(f"step {step}")
         for owner in list(self.owners.values()):
             self.free(owner)
         self.check_tags("end")
-        self.cross_stream_segments = shim.stats()["cross_stream_segments"]
+        stats = shim.stats()
+        self.cross_stream_segments, self.unmerged_reuses = stats["cross_stream_segments"], stats["unmerged_reuses"]
         shim.sim.complete_all()
         shim.process_events()
         self.check_invariants(self.steps)
@@ -117,8 +124,12 @@ class Program:
         elif roll < 0.62:
             owner = self.pick()
             self.write(owner, owner.stream)
-        elif roll < 0.85:
+        elif roll < 0.77:
             self.free(self.pick())
+        elif roll < 0.85:  # the hot path's pattern: a free and the same size again on its stream (the cached pair)
+            owner = self.pick()
+            self.free(owner)
+            self.allocate(owner.size, owner.stream)
         elif roll < 0.95:
             shim.sim.complete(self.rng.choice(self.streams))
         elif roll < 0.98:
@@ -129,12 +140,12 @@ class Program:
     def pick(self) -> Owner:
         return self.owners[self.rng.choice(sorted(self.owners))]
 
-    def allocate(self) -> None:
-        if self.rng.random() < 0.1:
+    def allocate(self, size: int | None = None, stream: int | None = None) -> None:
+        if stream is None and self.rng.random() < 0.1:
             self.streams.append(self.next_stream)
             self.next_stream += 0x1000
-        stream = self.rng.choice(self.streams)
-        size = self.rng.choice(SIZES)
+        stream = self.rng.choice(self.streams) if stream is None else stream
+        size = self.rng.choice(SIZES) if size is None else size
         ptr = shim.alloc(size, 0, stream)
         if ptr == 0:
             if not self.limit:
@@ -200,12 +211,12 @@ class Program:
                               f"write landed after the reuse")
 
 
-def fuzz(seeds: range, cross_stream: bool | None, steps: int, progress) -> dict:
-    failures, reuses, ooms, taken = [], 0, 0, 0
+def fuzz(seeds: range, cross_stream: bool | None, steps: int, progress, check_every: int = 1) -> dict:
+    failures, reuses, ooms, taken, pairs = [], 0, 0, 0, 0
     modes = dict.fromkeys(MODES, 0)
     started = time.monotonic()
     for n, seed in enumerate(seeds, 1):
-        program = Program(seed, cross_stream, steps)
+        program = Program(seed, cross_stream, steps, check_every)
         try:
             program.run()
         except Failure as failure:
@@ -214,13 +225,15 @@ def fuzz(seeds: range, cross_stream: bool | None, steps: int, progress) -> dict:
         reuses += program.reuses
         ooms += program.ooms
         taken += program.cross_stream_segments
+        pairs += program.unmerged_reuses
         modes[program.cross_stream] += 1
         progress(n, len(seeds), len(failures), time.monotonic() - started)
     shim.reset()
     shim.sim.set_memory_limit(0)
-    return {"seeds": len(seeds), "first_seed": seeds.start, "steps": steps, "failures": failures,
+    return {"seeds": len(seeds), "first_seed": seeds.start, "steps": steps, "check_every": check_every,
+            "failures": failures,
             "seeds_by_cross_stream_mode": modes, "reuses": reuses, "out_of_memory_answers": ooms,
-            "cross_stream_segments": taken,
+            "cross_stream_segments": taken, "unmerged_reuses": pairs,
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -231,10 +244,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=80, help="operations per program (default 80)")
     parser.add_argument("--cross-stream", choices=(*MODES, "draw"), default="draw",
                         help="the cross-stream reuse mode, or drawn per seed (default)")
+    parser.add_argument("--check-every", type=int, default=1, metavar="K",
+                        help="run the invariant checker after every K-th step (default 1); the checker is an entry "
+                             "point, which settles the cached pair's repeats: K > 1 lets them run on")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    if args.seeds < 1 or args.steps < 1:
-        parser.error("--seeds and --steps must be at least 1")
+    if min(args.seeds, args.steps, args.check_every) < 1:
+        parser.error("--seeds, --steps and --check-every must be at least 1")
     cross_stream = None if args.cross_stream == "draw" else args.cross_stream
 
     def progress(n, total, failed, seconds):
@@ -243,7 +259,7 @@ def main(argv=None) -> int:
             print(f"{chr(13) if tty else ''}reuse fuzz: {n}/{total} seeds, {failed} failed, {seconds:.0f} s",
                   end="" if tty else "\n", file=sys.stderr, flush=True)
 
-    result = fuzz(range(args.start, args.start + args.seeds), cross_stream, args.steps, progress)
+    result = fuzz(range(args.start, args.start + args.seeds), cross_stream, args.steps, progress, args.check_every)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if args.json:
@@ -251,6 +267,7 @@ def main(argv=None) -> int:
     else:
         print(f"{result['seeds']} seeds x {args.steps} steps (seeds {args.start}..{args.start + args.seeds - 1}), "
               f"cross-stream reuse modes {result['seeds_by_cross_stream_mode']}, {result['reuses']} address reuses, "
+              f"{result['unmerged_reuses']} cached pairs taken back, "
               f"{result['out_of_memory_answers']} out-of-memory answers, {result['cross_stream_segments']} segments taken "
               f"across streams: {len(result['failures'])} failures in "
               f"{result['seconds']} s")

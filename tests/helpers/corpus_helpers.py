@@ -15,11 +15,22 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", NCCL_NVLS_ENABLE="0")
 
 
+def _keep(name: str, done: subprocess.CompletedProcess) -> None:
+    """The child's output under $NPU_LIFETIME_TEST_LOGS where it is set (the
+    GPU scripts set it): a run killed at its time limit loses pytest's report."""
+    folder = os.environ.get("NPU_LIFETIME_TEST_LOGS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        for stream in ("stdout", "stderr"):
+            (Path(folder) / f"{name}.{stream}").write_text(getattr(done, stream) or "")
+
+
 def run_single(name: str, device: str, *args: str, timeout: float = 900) -> dict:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / f"{name}.py"), "--device", device, *args],
         capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT,
     )
+    _keep(f"{name}_{device}", done)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -38,5 +49,6 @@ def run_distributed(name: str, device: str, out_dir: Path, *args: str, timeout: 
          str(ROOT / "examples" / f"{name}.py"), "--device", device, "--json", str(out_dir), *args],
         capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT,
     )
+    _keep(f"{name}_{device}_distributed", done)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -31,6 +31,7 @@ def test_no_seed_sees_an_early_reuse(sim_shim, mode):
     assert result["out_of_memory_answers"] > 0  # and the out-of-memory path ran
     assert result["seeds_by_cross_stream_mode"][mode] == 50
     assert (result["cross_stream_segments"] > 0) == (mode != "off")  # segments really moved, or never
+    assert result["unmerged_reuses"] > 0  # the pair step's allocations took the cached pair's shortcut
 
 
 @pytest.mark.parametrize("mutant, cross_stream", [("-DNPL_MUTANT_CROSS_STREAM", "always"),
@@ -45,3 +46,16 @@ def test_the_fuzz_catches_a_shim_that_reuses_too_early(tmp_path, mutant, cross_s
                           env=dict(os.environ, NPU_LIFETIME_SHIM=str(library)))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "not its tag" in done.stdout, done.stdout
+
+
+def test_the_fuzz_catches_a_repeated_pair_left_uncounted(tmp_path):
+    """With the checker run every 7th step, repeats of the cached pair run
+    on between checks (every check is an entry point, which settles them):
+    a shim whose settlement forgets a repeat's allocation breaks the
+    statistics the checker compares with the blocks."""
+    library = build_shim(tmp_path, "-DNPL_MUTANT_PAIR_SETTLE")
+    done = subprocess.run([sys.executable, str(TOOL), "--seeds", "60", "--check-every", "7"],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, NPU_LIFETIME_SHIM=str(library)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "allocator invariants broken" in done.stdout and "the blocks say" in done.stdout, done.stdout
