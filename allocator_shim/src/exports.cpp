@@ -455,8 +455,10 @@ NPL_EXPORT int npl_device_count(void) {
 }
 
 NPL_EXPORT const char* npl_runtime_name(void) {
-    const npl::Runtime* rt = shim().allocator.runtime();
-    return rt ? rt->name : "none";
+    return guarded("runtime_name", static_cast<const char*>("none"), [] {
+        const npl::Runtime* rt = shim().allocator.runtime();
+        return rt ? rt->name : "none";
+    });
 }
 
 NPL_EXPORT const char* npl_last_error(void) {

@@ -3,6 +3,7 @@
 exported about 2000 of its symbols and crashed on a null call)."""
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +22,33 @@ def test_the_library_exports_npl_entry_points_only():
     exported = _exported(library_path())
     assert "npl_alloc" in exported and "npl_free" in exported
     assert [name for name in exported if not name.startswith("npl_")] == []
+
+
+# ---- no exception crosses the C ABI ------------------------------------------------------------------------------
+SOURCES = [Path(__file__).resolve().parents[2] / "allocator_shim" / "src" / name
+           for name in ("exports.cpp", "torch_hooks.cpp")]
+
+
+def _exported_bodies(source):
+    """(name, body) of each NPL_EXPORT function defined in ``source``."""
+    import re
+
+    text = source.read_text()
+    for match in re.finditer(r"NPL_EXPORT[^;{]*?\b(npl_\w+)\s*\([^;{]*\)\s*(?:noexcept\s*)?\{", text):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        yield match.group(1), text[match.end():end]
+
+
+def test_every_entry_point_reaches_the_allocator_inside_guarded():
+    """An allocator method may throw (std::bad_alloc, and Locked runs the
+    deferred merge of the cached pair first): an entry point calls it inside
+    guarded / guarded_void, which turn an exception into an internal_error
+    finding and the entry point's failure value.  npl_runtime_name did not."""
+    bodies = [body for source in SOURCES for body in _exported_bodies(source)]
+    assert len(bodies) > 50  # the parser found the entry points
+    unguarded = [name for source in SOURCES for name, body in _exported_bodies(source)
+                 if "allocator." in body and "guarded" not in body.split("allocator.")[0]]
+    assert unguarded == []
