@@ -140,6 +140,11 @@ constexpr size_t kLargeRound = 2 << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// The cached pair's block `b` and its cached successor are not the whole
+// segment: merged, they stay an inactive split block (else they are the
+// whole segment, which counts as no split at all).
+bool pair_in_a_larger_split(const Block* b) { return b->prev != nullptr || b->next->next != nullptr; }
+
 std::string hex_address(const void* p) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%p", p);
@@ -695,7 +700,7 @@ NPL_HOT bool CachingAllocator::leave_unmerged(Block* b) {
     }
     // next counts as an inactive split block; the merged block does if still split
     DeviceStats& s = *b->pool->stats;
-    if (b->prev != nullptr || next->next != nullptr) {
+    if (pair_in_a_larger_split(b)) {
         s.grow(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
     } else {
         uncount_plain_split(b, next->size);
@@ -736,7 +741,7 @@ NPL_HOT Block* CachingAllocator::take_unmerged(int device, Stream stream, size_t
 // merged block: its successor is the rest, in its node.
 NPL_HOT void CachingAllocator::count_take_back(const Block* b) {
     DeviceStats& s = *b->pool->stats;
-    if (b->prev != nullptr || b->next->next != nullptr) {
+    if (pair_in_a_larger_split(b)) {
         s.shrink(StatId::inactive_split_bytes, b->small, static_cast<int64_t>(b->size));
     } else {
         s.grow(StatId::inactive_split, b->small, 1);
@@ -815,7 +820,7 @@ void CachingAllocator::count_pair_repeats(const Block* b, uint64_t repeats) {
     s.churn(StatId::allocation, b->small, k);
     s.churn(StatId::allocated_bytes, b->small, k * static_cast<int64_t>(b->size));
     s.churn(StatId::requested_bytes, b->small, k * static_cast<int64_t>(b->requested));
-    if (b->prev != nullptr || b->next->next != nullptr) {
+    if (pair_in_a_larger_split(b)) {
         s.churn(StatId::inactive_split_bytes, b->small, k * static_cast<int64_t>(b->size));
     } else {
         s.churn(StatId::inactive_split, b->small, k);
