@@ -2,9 +2,8 @@
 # The project's GPU tests (tests/**/test_gpu_*.py, *_gpu.py) of one group,
 # in one command that builds everything, one test at a time: "shim" (the
 # shim's files: they read and fill the device's memory, so nothing may run
-# beside them) or "others" (every other component's).  A group used to run
-# beside the other; prefetch_loader then failed once with no traceback left
-# (issue 39's note), so each now has the GPU to itself.  Log under $OUT.
+# beside them) or "others" (every other component's), each with the GPU to
+# itself.  Log under $OUT.
 #   tools/gpu_all_tests.sh shim|others [LIMIT_S]
 set -u
 group=${1:?shim or others} limit=${2:-400}

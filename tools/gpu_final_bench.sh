@@ -8,7 +8,8 @@
 #   tools/gpu_final_bench.sh [BENCH ...]   (default: cross_stream record_use shim_alloc)
 set -u
 source tools/gpu_prologue.sh
-for bench in "${@:-cross_stream record_use shim_alloc}"; do for bench in $bench; do case $bench in
+benches=${*:-cross_stream record_use shim_alloc}
+for bench in $benches; do case $bench in
   cross_stream) step bench_cross_stream 220 18 python3 benchmarks/bench_cross_stream.py --rounds "${CROSS_ROUNDS:-2}" \
     --pipeline-rounds "${PIPELINE_ROUNDS:-6}" \
     --json "$OUT/cross_stream.json" ;;
@@ -17,5 +18,5 @@ for bench in "${@:-cross_stream record_use shim_alloc}"; do for bench in $bench;
   shim_alloc) step bench_shim_alloc 110 14 python3 benchmarks/bench_shim_alloc.py --json "$OUT/shim_alloc.json" ;;
   sanitizer) step bench_sanitizer 150 12 python3 benchmarks/bench_sanitizer.py --rounds 3 --steps 200 --repeats 5 ;;
   *) echo "bench: cross_stream, record_use, shim_alloc or sanitizer, not $bench"; exit 2 ;;
-esac; done; done
+esac; done
 echo "== total $((SECONDS-T0)) s"
